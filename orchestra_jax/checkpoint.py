@@ -8,6 +8,8 @@ Our model checkpoint directory:
 
 from __future__ import annotations
 
+from orchestra_jax.errors import UserError
+
 import json
 import os
 import shutil
@@ -27,7 +29,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "mer
                    "added_tokens.json", "tokenizer.model", "chat_template.jinja", "chat_template.json")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
   """A checkpoint directory that is missing, incomplete or does not match its config."""
 
 

@@ -8,6 +8,8 @@ plans shards from shapes and writes one shard at a time.
 
 from __future__ import annotations
 
+from orchestra_jax.errors import UserError
+
 import json
 import os
 import re
@@ -22,7 +24,7 @@ from orchestra_jax.model import qwen3
 from orchestra_jax.model.config import ModelConfig
 
 
-class ConversionError(RuntimeError):
+class ConversionError(UserError, RuntimeError):
   """An HF directory or checkpoint that cannot be converted; the message names the file or tensor."""
 
 
@@ -192,7 +194,7 @@ def parse_size(text: str | int) -> int:
     return text
   m = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", str(text))
   if not m or m.group(2).upper() not in _SIZE_UNITS:
-    raise ValueError(f"--max-shard-size {text!r} is not a size like 5GB, 500MB or 1000000")
+    raise ConversionError(f"--max-shard-size {text!r} is not a size like 5GB, 500MB or 1000000")
   return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).upper()])
 
 

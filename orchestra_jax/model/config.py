@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from orchestra_jax.errors import UserError
+
 import dataclasses
 import json
 from typing import Any
@@ -11,7 +13,7 @@ import jax.numpy as jnp
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
   """A model configuration that cannot describe a Qwen3 decoder; the message names the field."""
 
 

@@ -1,0 +1,34 @@
+import os
+import sys
+
+# Tests see 8 CPU devices (the Makefile sets this too); must happen before jax is imported.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+sys.path.insert(0, os.path.dirname(__file__))
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+from hf_reference import SMALL_CONFIGS, random_hf_model, save_hf  # noqa: E402
+
+
+def max_rel_err(a, b) -> float:
+  """max |a - b| / max |b|: relative to the reference's scale, so near-zero entries do not blow it up."""
+  import numpy as np
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.fixture(scope="session")
+def hf_dirs(tmp_path_factory):
+  """name -> (torch model, saved HF dir) for each small reference config."""
+  out = {}
+  for name in SMALL_CONFIGS:
+    model = random_hf_model(name)
+    out[name] = (model, save_hf(model, tmp_path_factory.mktemp(f"hf_{name}")))
+  return out
+
+
+@pytest.fixture
+def highest_precision():
+  with jax.default_matmul_precision("highest"):
+    yield
