@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+import time
 
 from orchestra_jax.errors import UserError
 
@@ -97,8 +98,13 @@ def _cmd_generate(args) -> None:
   else:
     prompt_ids = tok.encode(args.prompt)
     stop = tuple(t for t in (config.eos_token_id,) if t is not None)
+  start = time.perf_counter()
   out = generate.generate(config, params, prompt_ids, args.max_new_tokens, args.temperature, stop, args.seed)
+  seconds = time.perf_counter() - start
   print(tok.decode(out, skip_special_tokens=args.chat))
+  finish = "stop" if out and out[-1] in stop else "length"
+  print(f"[{len(prompt_ids)} prompt tokens, {len(out)} generated, finish={finish}, {seconds:.1f}s incl. compile]",
+        file=sys.stderr)
 
 
 def _cmd_init_random(args, overrides) -> None:
