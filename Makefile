@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(BIN)/orchestra generate --model $(DEMO_DIR) --prompt "What is 17 * 23?" --chat --max-new-tokens 24
 
 test: $(STAMP)
-	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m pytest -q -n 2 tests
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/forward_throughput.py
