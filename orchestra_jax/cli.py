@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
   _add_config_args(init, "configs/tiny.py")
   init.add_argument("--out", required=True, metavar="DIR", help="output checkpoint directory (must not exist yet)")
   init.add_argument("--seed", type=int, default=None, help="PRNG seed (default: the config's seed)")
+
+  from orchestra_jax import serve
+  serve.add_serve_parser(sub)
+
+  from orchestra_jax.synth.cli import add_synth_parser
+  add_synth_parser(sub)
   return parser
 
 
@@ -136,6 +142,12 @@ def main(argv: list[str] | None = None) -> int:
       _cmd_generate(args)
     elif args.command == "init-random":
       _cmd_init_random(args, overrides)
+    elif args.command == "serve":
+      from orchestra_jax import serve
+      serve.run_serve(args)
+    elif args.command == "synth":
+      from orchestra_jax.synth.cli import run_synth
+      run_synth(args)
   except UserError as e:
     print(f"orchestra: error: {e}", file=sys.stderr)
     return 2

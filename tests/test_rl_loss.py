@@ -201,3 +201,21 @@ def test_chunked_logprobs_equal_full_log_softmax(tied, chunk, check_grad):
   g_full = jax.jit(jax.grad(full))(params)
   for a, b in zip(jax.tree.leaves(g_chunk), jax.tree.leaves(g_full)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_logprob_window_scores_only_the_last_tokens():
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from orchestra_jax.model import qwen3
+  from orchestra_jax.model.config import tiny
+  from orchestra_jax.rl.logprobs import token_logprobs
+  config = tiny(vocab_size=512, num_layers=1)
+  params = qwen3.init_params(config, jax.random.key(0))
+  tokens = jnp.asarray(np.random.RandomState(0).randint(0, 512, (2, 12)))
+  with jax.default_matmul_precision("highest"):
+    full, full_ent = token_logprobs(config, params, tokens, chunk_size=4)
+    win, win_ent = token_logprobs(config, params, tokens, chunk_size=4, window=5)
+  np.testing.assert_allclose(np.asarray(win)[:, -5:], np.asarray(full)[:, -5:], rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(win_ent)[:, -5:], np.asarray(full_ent)[:, -5:], rtol=1e-5)
+  assert not np.asarray(win)[:, :-5].any() and np.asarray(full)[:, 1:-5].all()

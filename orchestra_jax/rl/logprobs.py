@@ -40,12 +40,22 @@ def _chunk_stats(h, targets, head, compute_dtype, sharding):
 
 
 def logprobs_from_hidden(config: ModelConfig, params, hidden, tokens, segment_ids=None,
-                         chunk_size: int = DEFAULT_CHUNK_SIZE, sharding: ShardingConfig | None = None
-                         ) -> tuple[jax.Array, jax.Array]:
-  """hidden: [B, T, D] final-norm states; tokens, segment_ids: [B, T] -> (logprobs [B, T], entropy [B, T]) f32."""
+                         chunk_size: int = DEFAULT_CHUNK_SIZE, sharding: ShardingConfig | None = None,
+                         window: int | None = None) -> tuple[jax.Array, jax.Array]:
+  """hidden: [B, T, D] final-norm states; tokens, segment_ids: [B, T] -> (logprobs [B, T], entropy [B, T]) f32.
+
+  `window` (static): only the last `window` tokens are scored, the rest get 0. With responses right-aligned in
+  the batch (left padding), the LM head then runs over the responses alone instead of every prompt position.
+  """
   b, t, d = hidden.shape
   if segment_ids is None:
     segment_ids = jnp.ones((b, t), jnp.int32)
+  if window is not None and window + 1 < t:
+    start = t - window - 1  # hidden[:, start] predicts the first scored token
+    lp, ent = logprobs_from_hidden(config, params, hidden[:, start:], tokens[:, start:], segment_ids[:, start:],
+                                   chunk_size, sharding)
+    zeros = jnp.zeros((b, start), jnp.float32)
+    return jnp.concatenate([zeros, lp], axis=1), jnp.concatenate([zeros, ent], axis=1)
   head = lm_head(config, params)  # [D, V]
   h = hidden[:, :-1]  # [B, T-1, D]: the state at t-1 predicts token t
   targets = tokens[:, 1:].astype(jnp.int32)  # [B, T-1]
@@ -75,8 +85,8 @@ def logprobs_from_hidden(config: ModelConfig, params, hidden, tokens, segment_id
 
 
 def token_logprobs(config: ModelConfig, params, tokens, positions=None, segment_ids=None,
-                   chunk_size: int = DEFAULT_CHUNK_SIZE, sharding: ShardingConfig | None = None
-                   ) -> tuple[jax.Array, jax.Array]:
+                   chunk_size: int = DEFAULT_CHUNK_SIZE, sharding: ShardingConfig | None = None,
+                   window: int | None = None) -> tuple[jax.Array, jax.Array]:
   """Model forward + chunked head: (logprobs [B, T], entropy [B, T]) float32; see the module doc for the shift."""
   hidden, _ = qwen3.forward(config, params, tokens, positions, segment_ids, sharding=sharding, return_hidden=True)
-  return logprobs_from_hidden(config, params, hidden, tokens, segment_ids, chunk_size, sharding)
+  return logprobs_from_hidden(config, params, hidden, tokens, segment_ids, chunk_size, sharding, window)

@@ -55,6 +55,7 @@ class TrainConfig:
   optimizer: OptimizerConfig = OptimizerConfig()
   grad_accum_steps: int = 1  # micro-batches per optimizer step
   logprob_chunk_size: int = DEFAULT_CHUNK_SIZE  # positions per LM-head chunk
+  logprob_window: int | None = None  # score only the last N tokens (responses right-aligned); None = all
   skip_nonfinite: bool = True  # a step whose loss or gradient norm is not finite leaves params and moments as they were
 
 
@@ -133,7 +134,8 @@ def make_loss_fn(model_config: ModelConfig, train_config: TrainConfig, sharding:
   """loss_fn(params, batch, totals) -> (loss share, metric shares); `totals` normalise (see rl.loss)."""
   def loss_fn(params, batch, totals):
     logp, entropy = token_logprobs(model_config, params, batch["tokens"], batch.get("positions"),
-                                   batch.get("segment_ids"), train_config.logprob_chunk_size, sharding)
+                                   batch.get("segment_ids"), train_config.logprob_chunk_size, sharding,
+                                   train_config.logprob_window)
     return rl_loss(logp, batch["old_logprobs"], batch["advantages"], batch["response_mask"], train_config.loss,
                    ref_logp=batch.get("ref_logprobs"), entropy=entropy, totals=totals)
   return loss_fn
@@ -223,7 +225,8 @@ def make_train_step(model_config: ModelConfig, train_config: TrainConfig = Train
 
 
 def make_compute_logprobs(model_config: ModelConfig, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                          sharding: ShardingConfig | None = None, with_entropy: bool = False) -> Callable:
+                          sharding: ShardingConfig | None = None, with_entropy: bool = False,
+                          window: int | None = None) -> Callable:
   """Jitted compute_logprobs(params, batch) -> logprobs [B, T] float32 (and entropy [B, T] if `with_entropy`).
 
   Uses batch["tokens"] and the optional batch["positions"], batch["segment_ids"]; output sharded like the batch.
@@ -232,7 +235,7 @@ def make_compute_logprobs(model_config: ModelConfig, chunk_size: int = DEFAULT_C
   def fn(params, batch):
     batch = _constrain_batch({k: batch[k] for k in ("tokens", "positions", "segment_ids") if k in batch}, sharding)
     logp, ent = token_logprobs(model_config, params, batch["tokens"], batch.get("positions"), batch.get("segment_ids"),
-                               chunk_size, sharding)
+                               chunk_size, sharding, window)
     if sharding is not None:
       logp, ent = (sharding.constrain(x, ("batch", "length")) for x in (logp, ent))
     return (logp, ent) if with_entropy else logp
