@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
   init.add_argument("--out", required=True, metavar="DIR", help="output checkpoint directory (must not exist yet)")
   init.add_argument("--seed", type=int, default=None, help="PRNG seed (default: the config's seed)")
 
+  train = sub.add_parser("train", help="RL-train an orchestrator (GRPO with the multi-objective reward)",
+                         description="Run the RL loop of a config; resumes from the latest checkpoint in its workdir.")
+  _add_config_args(train, "configs/demo.py")
+  train.add_argument("--quiet", action="store_true", help="no progress bars")
+
   from orchestra_jax import serve
   serve.add_serve_parser(sub)
 
@@ -127,6 +132,15 @@ def _cmd_init_random(args, overrides) -> None:
   print(f"wrote random {model_config.num_params() / 1e6:.1f}M-parameter model to {out}")
 
 
+def _cmd_train(args, overrides) -> None:
+  from orchestra_jax import configs, distributed
+  cfg = configs.load_config(args.config, overrides)  # config errors before any JAX start-up
+  distributed.maybe_initialize()
+  from orchestra_jax import trainer
+  summary = trainer.Trainer(cfg, quiet=args.quiet).run()
+  print(trainer.format_summary(summary))
+
+
 def main(argv: list[str] | None = None) -> int:
   from orchestra_jax import configs
   argv = list(sys.argv[1:] if argv is None else argv)
@@ -142,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
       _cmd_generate(args)
     elif args.command == "init-random":
       _cmd_init_random(args, overrides)
+    elif args.command == "train":
+      _cmd_train(args, overrides)
     elif args.command == "serve":
       from orchestra_jax import serve
       serve.run_serve(args)

@@ -1,0 +1,484 @@
+"""`orchestra train`: the RL loop. data -> rollouts -> reward -> advantages -> update, with eval and checkpoints.
+
+One RL step (DESIGN.md sections 5-6):
+  1. the grain iterator yields `prompts_per_step` tasks; each is repeated `group_size` times;
+  2. the agent loop samples multi-turn trajectories with the current policy (sampler + tool environment);
+  3. outcomes are graded, the reward registry turns [tool counts, outcome, -cost, -latency] into rewards, and
+     group advantages with the configured filters (homogeneous groups, no final answer, unparseable turns);
+  4. every kept turn becomes a training sample (prompt + that turn's response, the rollout's advantage);
+     old and reference log-probs are recomputed sharded; mini-batches of `mini_batch_size` give one optimizer
+     step each (jitted over the mesh, state donated);
+  5. metrics go to JSONL, TensorBoard and the progress bar; rollouts to `rollouts/step_*.jsonl`.
+
+Reliability: orbax checkpoints (params, optimizer, step, data-iterator state) every `checkpoint_every` steps,
+written asynchronously and atomically; a restart of the same command resumes from the latest one and rewinds the
+metrics log to it, so a killed run continues exactly as an uninterrupted one (same seed). Per-step randomness
+comes from (seed, step), never from wall-clock state. A non-finite loss stops the run with a clear message; the
+last good checkpoint stays the latest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from orchestra_jax import checkpoint as model_ckpt
+from orchestra_jax import configs as config_lib
+from orchestra_jax import sharding as sharding_lib
+from orchestra_jax.errors import UserError
+from orchestra_jax.model import qwen3
+from orchestra_jax.model.config import ModelConfig
+from orchestra_jax.reward.advantages import AdvantageConfig
+from orchestra_jax.reward.features import group_arrays
+from orchestra_jax.reward.pipeline import RewardConfig, score_groups
+from orchestra_jax.rl.loss import LossConfig
+from orchestra_jax.rl.optimizer import OptimizerConfig
+from orchestra_jax.rl.train import TrainConfig, init_train_state, is_finite, make_compute_logprobs, make_train_step
+from orchestra_jax.rollout.agent_loop import AgentLoop, RolloutConfig
+from orchestra_jax.rollout.sampler import Sampler
+from orchestra_jax.rollout.trajectory import Trajectory
+
+
+class TrainingDiverged(UserError):
+  """A non-finite loss or gradient; the message names the step and the last good checkpoint."""
+
+
+# --- environments --------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class EnvSetup:
+  """Everything the loop needs from a task family: tools, tasks, grading, preferences, warm-up data."""
+
+  env: Any  # rollout.environment.ToolEnvironment
+  aliases: list[str]  # tool features of the reward, counted by alias
+  train_tasks: list[dict[str, Any]]
+  eval_tasks: dict[str, list[dict[str, Any]]]  # preference name -> tasks
+  grade: Callable[[dict, str | None], float]
+  preference_vector: Callable[[dict], np.ndarray]
+  sft_examples: Callable[[Any, list[dict], int], list[tuple[list[int], list[int]]]] | None = None
+
+
+@contextlib.contextmanager
+def demo_environment(cfg: ml_collections.ConfigDict):
+  from orchestra_jax.demo import world as demo
+
+  prefs = list(cfg.env.preferences)
+  with demo.DemoWorld(seed=cfg.seed) as w:
+    yield EnvSetup(
+        env=w.env(), aliases=list(w.aliases),
+        train_tasks=demo.make_tasks(cfg.env.num_train_tasks, seed=cfg.seed, preference=prefs),
+        eval_tasks={p: demo.make_tasks(cfg.env.num_eval_tasks, seed=cfg.seed + 10_000, preference=p) for p in prefs},
+        grade=w.grade, preference_vector=w.preference_vector, sft_examples=demo.sft_examples)
+
+
+ENVIRONMENTS: dict[str, Callable[[ml_collections.ConfigDict], Any]] = {"demo": demo_environment}
+
+
+# --- config --------------------------------------------------------------------------------------------
+
+def _rollout_config(cfg, temperature: float | None = None) -> RolloutConfig:
+  r = cfg.rollout
+  return RolloutConfig(max_turns=r.max_turns, max_new_tokens=r.max_new_tokens, temperature=r.temperature
+                       if temperature is None else temperature, top_p=r.top_p, top_k=r.top_k, mode=r.mode,
+                       tool_workers=r.tool_workers, enable_thinking=r.enable_thinking)
+
+
+def _train_config(cfg) -> TrainConfig:
+  t = cfg.train
+  loss = LossConfig(clip_low=t.clip_low, clip_high=t.clip_high, dual_clip=t.dual_clip, aggregation=t.aggregation,
+                    kl_type=t.kl_type, kl_coef=t.kl_coef)
+  opt = OptimizerConfig(learning_rate=t.learning_rate, b1=t.b1, b2=t.b2, weight_decay=t.weight_decay,
+                        grad_clip_norm=t.grad_clip_norm)
+  return TrainConfig(loss=loss, optimizer=opt, grad_accum_steps=t.grad_accum_steps,
+                     logprob_window=t.logprob_window or None)
+
+
+def _reward_config(cfg) -> RewardConfig:
+  r = cfg.reward
+  return RewardConfig(reward=r.name, advantage=AdvantageConfig(estimator=r.estimator, clip=r.clip, boost=r.boost),
+                      std_threshold=r.std_threshold, drop_no_final_answer=r.drop_no_final_answer)
+
+
+def validate(cfg: ml_collections.ConfigDict) -> None:
+  """Config problems as one clear line each, before any work starts."""
+  if cfg.env.name not in ENVIRONMENTS:
+    raise config_lib.ConfigFileError(
+        f"bad value for config key 'env.name': {cfg.env.name!r} (known: {', '.join(sorted(ENVIRONMENTS))})")
+  for key in ("steps", "prompts_per_step", "group_size", "train.mini_batch_size", "rollout.batch_size"):
+    node = cfg
+    for part in key.split("."):
+      node = node[part]
+    if node < 1:
+      raise config_lib.ConfigFileError(f"bad value for config key '{key}': must be >= 1, got {node}")
+  if cfg.group_size < 2:
+    raise config_lib.ConfigFileError("bad value for config key 'group_size': GRPO needs at least 2 rollouts per task")
+  if cfg.train.mini_batch_size % cfg.train.grad_accum_steps:
+    raise config_lib.ConfigFileError(
+        "bad value for config key 'train.grad_accum_steps': must divide train.mini_batch_size")
+  try:
+    _rollout_config(cfg), _train_config(cfg), _reward_config(cfg)
+  except (ValueError, KeyError) as e:
+    raise config_lib.ConfigFileError(f"bad training config: {e}") from None
+
+
+# --- batches -------------------------------------------------------------------------------------------
+
+def build_batch(rows: list[tuple[list[int], int, list[float], float]], seq_bucket: int, rows_multiple: int
+                ) -> dict[str, np.ndarray]:
+  """Turn samples -> a right-aligned (left-padded) train batch, so responses sit in the last columns.
+
+  rows: (prompt + response tokens, response length, response old log-probs, advantage). Rows are padded up to a
+  multiple of `rows_multiple` with empty rows (segment 0, mask 0) and T up to a multiple of `seq_bucket`, so
+  the jitted step sees few shapes.
+  """
+  longest = max(len(r[0]) for r in rows)
+  t = -(-longest // seq_bucket) * seq_bucket
+  b = -(-len(rows) // rows_multiple) * rows_multiple
+  batch = {"tokens": np.zeros((b, t), np.int32), "positions": np.zeros((b, t), np.int32),
+           "segment_ids": np.zeros((b, t), np.int32), "response_mask": np.zeros((b, t), np.float32),
+           "old_logprobs": np.zeros((b, t), np.float32), "advantages": np.zeros((b,), np.float32)}
+  for i, (tokens, resp_len, logprobs, adv) in enumerate(rows):
+    n = len(tokens)
+    batch["tokens"][i, t - n:] = tokens
+    batch["positions"][i, t - n:] = np.arange(n)
+    batch["segment_ids"][i, t - n:] = 1
+    batch["response_mask"][i, t - resp_len:] = 1.0
+    batch["old_logprobs"][i, t - resp_len:] = logprobs
+    batch["advantages"][i] = adv
+  return batch
+
+
+def _tool_shares(trajs: list[Trajectory], aliases: list[str]) -> dict[str, float]:
+  counts = {a: 0 for a in aliases}
+  for t in trajs:
+    for alias, n in t.tool_counts("alias").items():
+      if alias in counts:
+        counts[alias] += n
+  total = sum(counts.values())
+  return {a: (c / total if total else 0.0) for a, c in counts.items()}
+
+
+# --- metrics sinks -------------------------------------------------------------------------------------
+
+class MetricsLog:
+  """JSONL (flushed and fsynced per record) + TensorBoard. `rewind(step)` drops records after a checkpoint."""
+
+  def __init__(self, workdir: Path, enabled: bool = True):
+    self.path = workdir / "metrics.jsonl"
+    self.enabled = enabled
+    self._tb = None
+    if enabled:
+      from tensorboardX import SummaryWriter
+      self._tb = SummaryWriter(str(workdir / "tensorboard"))
+
+  def rewind(self, step: int) -> None:
+    if not self.enabled or not self.path.exists():
+      return
+    keep = [l for l in self.path.read_text().splitlines() if l.strip() and json.loads(l)["step"] <= step]
+    tmp = self.path.with_suffix(".tmp")
+    tmp.write_text("".join(l + "\n" for l in keep))
+    os.replace(tmp, self.path)
+
+  def write(self, step: int, kind: str, values: dict[str, float]) -> None:
+    if not self.enabled:
+      return
+    record = {"step": step, "kind": kind, **{k: float(v) for k, v in values.items()}}
+    with open(self.path, "a") as f:
+      f.write(json.dumps(record, sort_keys=True) + "\n")
+      f.flush()
+      os.fsync(f.fileno())
+    for k, v in values.items():
+      self._tb.add_scalar(f"{kind}/{k}", float(v), step)
+    self._tb.flush()
+
+  def read(self) -> list[dict[str, Any]]:
+    if not self.path.exists():
+      return []
+    return [json.loads(l) for l in self.path.read_text().splitlines() if l.strip()]
+
+  def close(self):
+    if self._tb is not None:
+      self._tb.close()
+
+
+# --- the trainer ---------------------------------------------------------------------------------------
+
+class Trainer:
+  def __init__(self, cfg: ml_collections.ConfigDict, quiet: bool = False):
+    validate(cfg)
+    self.cfg = cfg
+    self.quiet = quiet
+    self.model_config: ModelConfig = config_lib.model_config(cfg)
+    self.sharding = sharding_lib.ShardingConfig(sharding_lib.make_mesh(tuple(cfg.mesh.shape)))
+    self.workdir = Path(cfg.workdir).absolute()
+    self.is_main = jax.process_index() == 0
+    self.workdir.mkdir(parents=True, exist_ok=True)
+    self.train_config = _train_config(cfg)
+    self.reward_config = _reward_config(cfg)
+    from orchestra_jax import tokenizer as tokenizer_lib
+    self.tokenizer = tokenizer_lib.load_tokenizer(cfg.tokenizer_dir or None)
+    self.train_step = make_train_step(self.model_config, self.train_config, self.sharding)
+    window = self.train_config.logprob_window
+    self.compute_logprobs = make_compute_logprobs(self.model_config, self.train_config.logprob_chunk_size,
+                                                  self.sharding, window=window)
+    self.metrics = MetricsLog(self.workdir, enabled=self.is_main)
+
+  # --- checkpoints ---------------------------------------------------------------------------------
+  def _manager(self):
+    import orbax.checkpoint as ocp
+    options = ocp.CheckpointManagerOptions(max_to_keep=self.cfg.keep_checkpoints, create=True,
+                                           enable_async_checkpointing=True)
+    return ocp.CheckpointManager(self.workdir / "checkpoints", options=options, item_names=("state", "data"))
+
+  def _save(self, manager, step: int, state, iterator) -> None:
+    import orbax.checkpoint as ocp
+    manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                               data=ocp.args.JsonSave(iterator.get_state())), force=True)
+
+  def _restore(self, manager, step: int, abstract_state, iterator):
+    import orbax.checkpoint as ocp
+    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
+                                                             data=ocp.args.JsonRestore()))
+    iterator.set_state(restored["data"])
+    return restored["state"]
+
+  # --- data ----------------------------------------------------------------------------------------
+  def _iterator(self, tasks: list[dict]) -> Iterator[list[dict]]:
+    import grain
+
+    ds = grain.MapDataset.source(tasks).shuffle(seed=self.cfg.seed).repeat(None)
+    ds = ds.batch(self.cfg.prompts_per_step, drop_remainder=True, batch_fn=list)
+    return ds.__iter__()
+
+  # --- pieces of a step ----------------------------------------------------------------------------
+  def _initial_params(self):
+    if self.cfg.init_checkpoint:
+      config, params = model_ckpt.load_model(self.cfg.init_checkpoint, self.sharding)
+      if config.replace(remat=self.model_config.remat) != self.model_config.replace(remat=self.model_config.remat):
+        raise config_lib.ConfigFileError(
+            f"config key 'model' does not match the checkpoint {self.cfg.init_checkpoint}; copy its model_config.json")
+      return params
+    return qwen3.init_params(self.model_config, jax.random.key(self.cfg.seed), self.sharding)
+
+  def _warmup(self, state, setup: EnvSetup):
+    """Supervised warm-up on random-tool trajectories (format only): cross-entropy on the assistant tokens."""
+    sft = self.cfg.sft
+    if not sft.steps or setup.sft_examples is None:
+      return state
+    import optax
+    examples = setup.sft_examples(self.tokenizer, setup.train_tasks, self.cfg.seed)
+    rows = [(tokens, sum(mask), [0.0] * sum(mask), 1.0) for tokens, mask in examples]
+    config = self.model_config
+    window = self.train_config.logprob_window
+    tx = optax.adam(sft.learning_rate)
+    opt_state = tx.init(state.params)
+
+    @jax.jit
+    def step(params, opt_state, batch):
+      def loss_fn(p):
+        from orchestra_jax.rl.logprobs import token_logprobs
+        logp, _ = token_logprobs(config, p, batch["tokens"], batch["positions"], batch["segment_ids"],
+                                 sharding=self.sharding, window=window)
+        return -(logp * batch["response_mask"]).sum() / batch["response_mask"].sum()
+      loss, grads = jax.value_and_grad(loss_fn)(params)
+      updates, opt_state = tx.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state, loss
+
+    rng = np.random.default_rng(self.cfg.seed)
+    params = state.params
+    bar = self._bar(range(sft.steps), "warm-up")
+    for i in bar:
+      pick = rng.choice(len(rows), size=sft.batch_size, replace=False)
+      batch = build_batch([rows[j] for j in pick], self.cfg.train.seq_bucket, sft.batch_size)
+      params, opt_state, loss = step(params, opt_state, {k: jnp.asarray(v) for k, v in batch.items()})
+      if hasattr(bar, "set_postfix"):
+        bar.set_postfix(loss=f"{float(loss):.3f}")
+    self.metrics.write(0, "warmup", {"loss": float(loss)})
+    return init_train_state(self.model_config, params, self.train_config, self.sharding)
+
+  def _bar(self, iterable, desc: str, initial: int = 0, total: int | None = None):
+    if self.quiet or not self.is_main:
+      return iterable
+    from tqdm import tqdm
+    return tqdm(iterable, desc=desc, initial=initial, total=total, dynamic_ncols=True, file=sys.stderr)
+
+  def _rollouts(self, sampler, setup: EnvSetup, tasks: list[dict], seeds: list[int], temperature=None):
+    loop = AgentLoop(sampler, self.tokenizer, setup.env, _rollout_config(self.cfg, temperature))
+    trajs = loop.run(tasks, seeds=seeds)
+    return trajs, loop.stats
+
+  def _score(self, setup: EnvSetup, tasks, trajs, groups: int, group_size: int):
+    outcomes = [setup.grade(t, tr.final_answer) for t, tr in zip(tasks, trajs)]
+    arrays = [group_arrays(trajs[g * group_size:(g + 1) * group_size], setup.aliases,
+                           outcomes[g * group_size:(g + 1) * group_size], by="alias") for g in range(groups)]
+    stacked = {k: np.stack([a[k] for a in arrays]) for k in arrays[0]}
+    preference = np.stack([setup.preference_vector(tasks[g * group_size]) for g in range(groups)])
+    scored = score_groups(self.reward_config, stacked["tool_counts"], stacked["outcome"], stacked["cost"],
+                          stacked["latency"], preference, stacked["has_final_answer"])
+    return outcomes, stacked, {k: np.asarray(v) for k, v in scored.items()}
+
+  def _evaluate(self, sampler, setup: EnvSetup, step: int) -> dict[str, dict[str, float]]:
+    results = {}
+    for pref, tasks in setup.eval_tasks.items():
+      trajs, _ = self._rollouts(sampler, setup, tasks, seeds=list(range(len(tasks))), temperature=0.0)
+      outcomes = [setup.grade(t, tr.final_answer) for t, tr in zip(tasks, trajs)]
+      values = {"accuracy": float(np.mean(outcomes)), "cost_per_task": float(np.mean([t.cost_usd for t in trajs])),
+                "latency_per_task": float(np.mean([t.latency_s for t in trajs])),
+                "no_answer": float(np.mean([t.final_answer is None for t in trajs]))}
+      values.update({f"share_{a}": s for a, s in _tool_shares(trajs, setup.aliases).items()})
+      self.metrics.write(step, f"eval_{pref}", values)
+      results[pref] = values
+    return results
+
+  def _update(self, state, ref_params, rows, step: int):
+    """One PPO epoch over the turn samples in mini-batches; returns (state, mean metrics)."""
+    cfg = self.cfg
+    if cfg.train.logprob_window and max(r[1] for r in rows) > cfg.train.logprob_window:
+      raise UserError(f"a response of {max(r[1] for r in rows)} tokens exceeds train.logprob_window="
+                      f"{cfg.train.logprob_window}; raise it to at least rollout.max_new_tokens")
+    rng = np.random.default_rng([cfg.seed, step, 7])
+    order = rng.permutation(len(rows))
+    m = cfg.train.mini_batch_size
+    sums, count = {}, 0
+    for _ in range(cfg.train.ppo_epochs):
+      for start in range(0, len(order), m):
+        chunk = [rows[i] for i in order[start:start + m]]
+        batch = build_batch(chunk, cfg.train.seq_bucket, m)
+        device_batch = {k: jnp.asarray(v) for k, v in batch.items()}
+        sampled_old = batch["old_logprobs"]
+        old = np.asarray(self.compute_logprobs(state.params, device_batch))
+        mask = batch["response_mask"] > 0
+        mismatch = float(np.abs(old - sampled_old)[mask].max()) if mask.any() else 0.0
+        device_batch["old_logprobs"] = jnp.asarray(old * mask)
+        if self.train_config.loss.kl_coef:
+          device_batch["ref_logprobs"] = self.compute_logprobs(ref_params, device_batch) * device_batch["response_mask"]
+        if cfg.debug.nan_at_step == step:
+          device_batch["advantages"] = device_batch["advantages"] * jnp.nan
+        state, metrics = self.train_step(state, device_batch)
+        if not is_finite(metrics):
+          raise TrainingDiverged(f"non-finite loss or gradient at RL step {step}; stopped without saving it "
+                                 f"(the latest checkpoint in {self.workdir / 'checkpoints'} is the last good one)")
+        for k, v in metrics.items():
+          sums[k] = sums.get(k, 0.0) + float(v)
+        sums["logprob_mismatch"] = max(sums.get("logprob_mismatch", 0.0), mismatch)
+        count += 1
+    means = {k: (v / count if k != "logprob_mismatch" else v) for k, v in sums.items()}
+    return state, means
+
+  # --- the loop ------------------------------------------------------------------------------------
+  def run(self) -> dict[str, Any]:
+    cfg = self.cfg
+    with ENVIRONMENTS[cfg.env.name](cfg) as setup:
+      iterator = self._iterator(setup.train_tasks)
+      manager = self._manager()
+      ref_dir = self.workdir / "reference"
+      latest = manager.latest_step()
+      if latest is None:
+        if ref_dir.exists():  # a crash between saving the reference and the first checkpoint
+          shutil.rmtree(ref_dir)
+        self.metrics.rewind(-1)
+        state = init_train_state(self.model_config, self._initial_params(), self.train_config, self.sharding)
+        state = self._warmup(state, setup)
+        model_ckpt.save_model(ref_dir, self.model_config, state.params, tokenizer_dir=None)
+        self._save(manager, 0, state, iterator)
+        start = 0
+      else:
+        abstract = jax.eval_shape(lambda: init_train_state(self.model_config, qwen3.abstract_params(self.model_config),
+                                                           self.train_config))
+        from orchestra_jax.rl.train import train_state_shardings
+        shardings = train_state_shardings(self.model_config, self.train_config, self.sharding)
+        abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+        state = self._restore(manager, latest, abstract, iterator)
+        self.metrics.rewind(latest)
+        start = latest
+        if not self.quiet:
+          print(f"resuming from checkpoint step {latest} in {self.workdir / 'checkpoints'}", file=sys.stderr)
+      ref_params = model_ckpt.restore_params(ref_dir, self.model_config, self.sharding)
+      sampler = Sampler(self.model_config, state.params, max_len=cfg.rollout.max_len,
+                        batch_size=cfg.rollout.batch_size, sharding=self.sharding, chunk_steps=cfg.rollout.chunk_steps)
+      if start == 0:
+        self._evaluate(sampler, setup, 0)
+
+      rollout_dir = self.workdir / "rollouts"
+      rollout_dir.mkdir(exist_ok=True)
+      g = cfg.group_size
+      for step in self._bar(range(start + 1, cfg.steps + 1), "RL", initial=start, total=cfg.steps):
+        t0 = time.perf_counter()
+        tasks = next(iterator)
+        rep = [t for t in tasks for _ in range(g)]
+        seeds = [int(s) for s in np.random.default_rng([cfg.seed, step]).integers(0, 2**31 - 1, len(rep))]
+        trajs, stats = self._rollouts(sampler, setup, rep, seeds)
+        t1 = time.perf_counter()
+        outcomes, arrays, scored = self._score(setup, rep, trajs, len(tasks), g)
+        rows = []
+        for i, traj in enumerate(trajs):
+          if not scored["keep"].reshape(-1)[i]:
+            continue
+          adv = float(scored["advantages"].reshape(-1)[i])
+          for s in traj.to_turn_samples(require_tool_call=cfg.reward.require_tool_call):
+            rows.append((list(s.prompt_tokens) + list(s.response_tokens), len(s.response_tokens), list(s.old_logprobs),
+                         adv))
+        t2 = time.perf_counter()
+        train_metrics = {}
+        if rows:
+          state, train_metrics = self._update(state, ref_params, rows, step)
+          sampler.set_params(state.params)
+        t3 = time.perf_counter()
+        values = {"reward": float(scored["rewards"].mean()), "accuracy": float(np.mean(outcomes)),
+                  "cost_per_task": float(arrays["cost"].mean()), "latency_per_task": float(arrays["latency"].mean()),
+                  "no_answer": float(1 - arrays["has_final_answer"].mean()), "kept": float(scored["keep"].mean()),
+                  "turn_samples": float(len(rows)), "tokens_per_s": stats.generated_tokens / max(t1 - t0, 1e-9),
+                  "time_rollout_s": t1 - t0, "time_reward_s": t2 - t1, "time_update_s": t3 - t2,
+                  "time_tool_wait_s": stats.tool_wait_s, "time_decode_s": stats.decode_s}
+        values.update({f"share_{a}": s for a, s in _tool_shares(trajs, setup.aliases).items()})
+        values.update(train_metrics)
+        self.metrics.write(step, "train", values)
+        if self.is_main:
+          with open(rollout_dir / f"step_{step:06d}.jsonl", "w") as f:
+            for task, traj, r, a in zip(rep, trajs, scored["rewards"].reshape(-1), scored["advantages"].reshape(-1)):
+              record = {"task": task, "reward": float(r), "advantage": float(a), "trajectory": json.loads(traj.to_json())}
+              f.write(json.dumps(record) + "\n")
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+          self._evaluate(sampler, setup, step)
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+          self._save(manager, step, state, iterator)
+      manager.wait_until_finished()
+      manager.close()
+    self.metrics.close()
+    records = self.metrics.read()
+    if self.is_main:
+      from orchestra_jax import plots
+      plots.write_plots(records, self.workdir / "plots")
+    return summarize(records)
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+  """First vs last evaluation per preference."""
+  evals: dict[str, list[dict]] = {}
+  for r in records:
+    if r["kind"].startswith("eval_"):
+      evals.setdefault(r["kind"][5:], []).append(r)
+  return {pref: {"first": rs[0], "last": rs[-1]} for pref, rs in evals.items()}
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+  lines = ["| preference | eval | step | accuracy | cost/task (USD) | tool shares |", "|---|---|---|---|---|---|"]
+  for pref, both in summary.items():
+    for which in ("first", "last"):
+      r = both[which]
+      shares = ", ".join(f"{k[6:]} {v:.0%}" for k, v in sorted(r.items()) if k.startswith("share_"))
+      lines.append(f"| {pref} | {which} | {r['step']} | {r['accuracy']:.1%} | {r['cost_per_task']:.2e} | {shares} |")
+  return "\n".join(lines)
