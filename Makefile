@@ -4,7 +4,6 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-DEMO_DIR := runs/tiny-random
 
 .PHONY: demo test bench clean-venv
 
@@ -14,10 +13,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# The main job (for now): make a tiny random Qwen3 with the real tokenizer and generate from it.
+# The main job: the CPU demo. A tiny random Qwen3 (real Qwen3 tokenizer) is warmed up on the tool-call format,
+# then RL-trained to route questions to priced tools. Writes runs/demo (metrics, plots, checkpoints); a rerun
+# resumes from the latest checkpoint.
 demo: $(STAMP)
-	test -d $(DEMO_DIR)/params || $(BIN)/orchestra init-random --preset tiny --out $(DEMO_DIR)
-	$(BIN)/orchestra generate --model $(DEMO_DIR) --prompt "What is 17 * 23?" --chat --max-new-tokens 24
+	$(BIN)/orchestra train --config configs/demo.py
 
 test: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m pytest -q -n 2 --dist loadfile tests

@@ -74,13 +74,16 @@ def get_config() -> ml_collections.ConfigDict:
       "aggregation": "token_mean",
       "kl_type": "mse",
       "kl_coef": 1e-4,
+      # The sampler's log-probs are the policy's at temperature 1 without filtering (the logged
+      # logprob_mismatch is ~1e-6 when recomputed), so the demo skips recomputing them; 8B runs recompute.
+      "old_logprobs": "sampler",
       "logprob_window": 32,  # responses are right-aligned; score only their last 32 positions
       "seq_bucket": 64,  # pad training sequences to a multiple of this (few compiled shapes)
   })
 
   cfg.sft = ml_collections.ConfigDict({
-      "steps": 60,  # supervised warm-up on random-tool trajectories (format only); 0 = none
-      "learning_rate": 3e-3,
+      "steps": 80,  # supervised warm-up on random-tool trajectories (format only); 0 = none
+      "learning_rate": 1e-2,
       "batch_size": 16,
   })
 

@@ -125,6 +125,14 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
       raise config_lib.ConfigFileError(f"bad value for config key '{key}': must be >= 1, got {node}")
   if cfg.group_size < 2:
     raise config_lib.ConfigFileError("bad value for config key 'group_size': GRPO needs at least 2 rollouts per task")
+  if cfg.train.old_logprobs not in ("recompute", "sampler"):
+    raise config_lib.ConfigFileError(
+        f"bad value for config key 'train.old_logprobs': {cfg.train.old_logprobs!r} (recompute | sampler)")
+  r = cfg.rollout
+  if cfg.train.old_logprobs == "sampler" and (r.temperature != 1.0 or r.top_p < 1.0 or r.top_k > 0):
+    raise config_lib.ConfigFileError(
+        "bad value for config key 'train.old_logprobs': 'sampler' log-probs equal the policy's only at "
+        "rollout.temperature=1 without top-p/top-k; use 'recompute'")
   if cfg.train.mini_batch_size % cfg.train.grad_accum_steps:
     raise config_lib.ConfigFileError(
         "bad value for config key 'train.grad_accum_steps': must divide train.mini_batch_size")
@@ -350,31 +358,39 @@ class Trainer:
       raise UserError(f"a response of {max(r[1] for r in rows)} tokens exceeds train.logprob_window="
                       f"{cfg.train.logprob_window}; raise it to at least rollout.max_new_tokens")
     rng = np.random.default_rng([cfg.seed, step, 7])
-    order = rng.permutation(len(rows))
     m = cfg.train.mini_batch_size
-    sums, count = {}, 0
+    batches = []
     for _ in range(cfg.train.ppo_epochs):
-      for start in range(0, len(order), m):
-        chunk = [rows[i] for i in order[start:start + m]]
-        batch = build_batch(chunk, cfg.train.seq_bucket, m)
-        device_batch = {k: jnp.asarray(v) for k, v in batch.items()}
-        sampled_old = batch["old_logprobs"]
+      order = rng.permutation(len(rows))
+      batches += [build_batch([rows[i] for i in order[s:s + m]], cfg.train.seq_bucket, m)
+                  for s in range(0, len(order), m)]
+    # Old and reference log-probs of every mini-batch come from the params that sampled the rollouts, before
+    # any update of this step; otherwise the PPO ratio of later mini-batches would be 1 by construction.
+    mismatch = 0.0
+    device_batches = []
+    for batch in batches:
+      device_batch = {k: jnp.asarray(v) for k, v in batch.items()}
+      mask = batch["response_mask"] > 0
+      if cfg.train.old_logprobs == "recompute":
         old = np.asarray(self.compute_logprobs(state.params, device_batch))
-        mask = batch["response_mask"] > 0
-        mismatch = float(np.abs(old - sampled_old)[mask].max()) if mask.any() else 0.0
+        if mask.any():
+          mismatch = max(mismatch, float(np.abs(old - batch["old_logprobs"])[mask].max()))
         device_batch["old_logprobs"] = jnp.asarray(old * mask)
-        if self.train_config.loss.kl_coef:
-          device_batch["ref_logprobs"] = self.compute_logprobs(ref_params, device_batch) * device_batch["response_mask"]
-        if cfg.debug.nan_at_step == step:
-          device_batch["advantages"] = device_batch["advantages"] * jnp.nan
-        state, metrics = self.train_step(state, device_batch)
-        if not is_finite(metrics):
-          raise TrainingDiverged(f"non-finite loss or gradient at RL step {step}; stopped without saving it "
-                                 f"(the latest checkpoint in {self.workdir / 'checkpoints'} is the last good one)")
-        for k, v in metrics.items():
-          sums[k] = sums.get(k, 0.0) + float(v)
-        sums["logprob_mismatch"] = max(sums.get("logprob_mismatch", 0.0), mismatch)
-        count += 1
+      if self.train_config.loss.kl_coef:
+        device_batch["ref_logprobs"] = self.compute_logprobs(ref_params, device_batch) * device_batch["response_mask"]
+      if cfg.debug.nan_at_step == step:
+        device_batch["advantages"] = device_batch["advantages"] * jnp.nan
+      device_batches.append(device_batch)
+    sums, count = {}, 0
+    for device_batch in device_batches:
+      state, metrics = self.train_step(state, device_batch)
+      if not is_finite(metrics):
+        raise TrainingDiverged(f"non-finite loss or gradient at RL step {step}; stopped without saving it "
+                               f"(the latest checkpoint in {self.workdir / 'checkpoints'} is the last good one)")
+      for k, v in metrics.items():
+        sums[k] = sums.get(k, 0.0) + float(v)
+      count += 1
+    sums["logprob_mismatch"] = mismatch
     means = {k: (v / count if k != "logprob_mismatch" else v) for k, v in sums.items()}
     return state, means
 
