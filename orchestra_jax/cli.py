@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
 
   from orchestra_jax.synth.cli import add_synth_parser
   add_synth_parser(sub)
+
+  from orchestra_jax.evaluate import add_eval_parser
+  add_eval_parser(sub)
   return parser
 
 
@@ -161,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "serve":
       from orchestra_jax import serve
       serve.run_serve(args)
+    elif args.command == "eval":
+      from orchestra_jax.evaluate import run_eval
+      run_eval(args, overrides)
     elif args.command == "synth":
       from orchestra_jax.synth.cli import run_synth
       run_synth(args)
