@@ -87,6 +87,32 @@ def shard_batch(batch: Batch, sharding: ShardingConfig | None) -> Batch:
   return jax.device_put({k: jnp.asarray(v) for k, v in batch.items()}, batch_shardings(batch, sharding))
 
 
+def make_global_batch(rows_fn: Callable[[np.ndarray], dict[str, np.ndarray]], num_rows: int,
+                      sharding: ShardingConfig | None) -> Batch:
+  """A `num_rows`-row global batch on the mesh, each process supplying only the rows its own devices hold.
+
+  For multi-process runs (`orchestra_jax.distributed`), where no process holds the whole batch.
+  `rows_fn(rows)` gets the sorted global row indices this process's devices address and returns the batch arrays
+  (host numpy) for exactly those rows, in that order. With a batch axis the mesh splits, a process gets its own
+  slice (e.g. rows 0-3 of 8 on process 0 of 2 for a (2, 2, 2) mesh); where the mesh cannot split `num_rows` the
+  batch is replicated and every process gets all rows (their values must then agree across processes). In a
+  single process (or without `sharding`) `rows_fn` gets every row and this equals `shard_batch`.
+  """
+  if sharding is None:
+    return shard_batch(rows_fn(np.arange(num_rows)), None)
+  index_map = sharding.sharding((num_rows,), ("batch",)).addressable_devices_indices_map((num_rows,))
+  rows = np.array(sorted({r for index in index_map.values() for r in range(num_rows)[index[0]]}), np.int64)
+  local = {k: np.asarray(v) for k, v in rows_fn(rows).items()}
+  out = {}
+  for k, v in local.items():
+    if v.shape[:1] != (len(rows),):
+      raise ValueError(f"rows_fn returned {k} with {v.shape[0] if v.ndim else 0} rows; this process holds "
+                       f"{len(rows)} rows of the {num_rows}-row batch")
+    shape = (num_rows,) + v.shape[1:]
+    out[k] = jax.make_array_from_process_local_data(sharding.sharding(shape, _batch_names(v)), v, shape)
+  return out
+
+
 def train_state_shardings(model_config: ModelConfig, train_config: TrainConfig, sharding: ShardingConfig) -> TrainState:
   """NamedShardings of a TrainState: params by the model's rules, optimizer moments like their params."""
   param_sh = qwen3.param_shardings(model_config, sharding)
