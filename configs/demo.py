@@ -31,7 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
       "preferences": ("cheap", "expert"),  # presets mixed in training, each evaluated separately
   })
 
-  cfg.steps = 30  # RL steps
+  cfg.steps = 40  # RL steps
   cfg.prompts_per_step = 8  # tasks per step (the paper: 16)
   cfg.group_size = 8  # rollouts per task (the paper: 8)
 
@@ -55,7 +55,9 @@ def get_config() -> ml_collections.ConfigDict:
       "clip": 3.0,
       "boost": 0.1,  # the reference's +0.1 where A >= 1
       "std_threshold": 0.1,  # drop groups whose reward std <= this
-      "drop_no_final_answer": True,
+      # The paper drops rollouts without a final answer; a 10M-parameter model then drifts out of the call
+      # format unpunished, so the demo keeps them as wrong (reward 0).
+      "drop_no_final_answer": False,
       "require_tool_call": True,  # drop turns without a parseable tool call
   })
 
