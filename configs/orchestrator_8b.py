@@ -8,7 +8,9 @@ from orchestra_jax.model.config import qwen3_8b
 def get_config() -> ml_collections.ConfigDict:
   cfg = ml_collections.ConfigDict()
   # Every ModelConfig field, so any of them can be overridden from the command line.
-  cfg.model = qwen3_8b().to_dict()
+  # Full per-layer remat: without it no v5p-64 or v4-64 mesh fits more than ~5k tokens per row
+  # (benchmarks/memory_plan.py).
+  cfg.model = qwen3_8b(remat="full").to_dict()
   # (data, fsdp, tensor): FSDP over all chips. 8.2B bf16 weights are 16 GB before optimizer state, too
   # much to replicate per chip for training; FSDP shards weights, grads and Adam state alike and needs no
   # extra model code. Use e.g. (1, -1, 4) to add tensor parallelism for long-context inference.
