@@ -184,6 +184,18 @@ def test_filesystem_outside_workdir_is_read_only(report):
   assert "Read-only file system" in r.stderr and not os.path.exists("/etc/orchestra-sandbox-probe")
 
 
+def test_interpreter_and_venv_are_reachable_but_read_only(report):
+  """The trainer's interpreter (a venv, perhaps under /tmp like a CI clone) runs the script but cannot be changed."""
+  import sys
+  if not report["readonly_root"]:
+    pytest.skip("no mount namespace here")
+  probe = os.path.join(sys.prefix, "orchestra-sandbox-probe")
+  r = run_python(f"import sys\nprint(sys.prefix)\nopen({probe!r}, 'w')")
+  assert r.stdout.splitlines()[0] == sys.prefix
+  assert "Read-only file system" in r.stderr or "Permission denied" in r.stderr
+  assert not os.path.exists(probe)
+
+
 def test_concurrent_runs_from_threads():
   with ThreadPoolExecutor(6) as pool:
     results = list(pool.map(lambda i: run_python(f"print({i} * {i})"), range(12)))

@@ -258,8 +258,9 @@ def accessible(path):
     cur = os.path.join(cur, comp)
   return True
 
-def mask(directory, keep, size):
-  # Cover `directory` with an empty tmpfs, then bind back `keep` (its direct children) from the original.
+def mask(directory, keep, size, readonly=()):
+  # Cover `directory` with an empty tmpfs, then bind back `keep` (its direct children) from the original;
+  # those in `readonly` are bound read-only.
   fds = {}
   for name in sorted(keep):
     fds[name] = os.open(os.path.join(directory, name), os.O_PATH | os.O_NOFOLLOW)
@@ -272,6 +273,8 @@ def mask(directory, keep, size):
     else:
       os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o644))
     mount("/proc/self/fd/%d" % fd, target, None, MS_BIND | MS_REC)
+    if name in readonly:
+      mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
     os.close(fd)
 
 workdir = cfg["workdir"]
@@ -300,10 +303,16 @@ if info["mountns"]:
       covered = False
       for directory in ("/tmp", "/var/tmp", "/dev/shm"):
         if os.path.isdir(directory) and not os.path.islink(directory):
-          rel = os.path.relpath(workdir, directory)
-          keep = set() if rel.startswith("..") else {rel.split("/")[0]}
-          mask(directory, keep, cfg["tmpfs_bytes"])
-          covered = covered or bool(keep)
+          def child(path):
+            rel = os.path.relpath(path, directory)
+            return None if rel.startswith("..") else rel.split("/")[0]
+          # The work dir stays writable; an interpreter or venv living under /tmp (a CI clone, say) must stay
+          # reachable, read-only.
+          work = child(workdir)
+          interpreter = {c for c in map(child, cfg["expose"]) if c}
+          keep = interpreter | ({work} if work else set())
+          mask(directory, keep, cfg["tmpfs_bytes"], readonly=interpreter - {work})
+          covered = covered or bool(work)
       info["private_tmp"] = True
       if not covered:
         mount(workdir, workdir, None, MS_BIND | MS_REC)
