@@ -420,7 +420,7 @@ class Trainer:
         state = self._restore(manager, latest, abstract, iterator)
         self.metrics.rewind(latest)
         start = latest
-        if not self.quiet:
+        if self.is_main:
           print(f"resuming from checkpoint step {latest} in {self.workdir / 'checkpoints'}", file=sys.stderr)
       ref_params = model_ckpt.restore_params(ref_dir, self.model_config, self.sharding)
       sampler = Sampler(self.model_config, state.params, max_len=cfg.rollout.max_len,
