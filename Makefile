@@ -14,10 +14,13 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The main job: the CPU demo. A tiny random Qwen3 (real Qwen3 tokenizer) is warmed up on the tool-call format,
-# then RL-trained to route questions to priced tools. Writes runs/demo (metrics, plots, checkpoints); a rerun
-# resumes from the latest checkpoint.
+# then RL-trained to route questions to priced tools, once preferring cheap tools and once, from the same
+# warm-up, preferring the expert. Writes runs/demo/{cheap,expert} (metrics, plots, checkpoints); a rerun
+# resumes from the latest checkpoints.
 demo: $(STAMP)
-	$(BIN)/orchestra train --config configs/demo.py
+	$(BIN)/orchestra train --config configs/demo.py --config.workdir=runs/demo/cheap
+	$(BIN)/orchestra train --config configs/demo.py --config.workdir=runs/demo/expert \
+	  "--config.env.preferences=('expert',)" --config.init_checkpoint=runs/demo/cheap/reference --config.sft.steps=0
 
 test: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m pytest -q -n 2 --dist loadfile tests
