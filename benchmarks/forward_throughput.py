@@ -66,8 +66,8 @@ def main() -> None:
           for name, cfg in (("tiny", tiny()), ("qwen3_100m", qwen3_100m()))]
   print(f"device: {jax.devices()[0].device_kind} x{len(jax.devices())}, "
         f"measured f32 matmul ceiling (2048^3): {ceiling / 1e12:.3f} TFLOP/s")
-  print(f"| config | params | batch x length | tokens/s | TFLOP/s | fraction of ceiling |")
-  print(f"|---|---|---|---|---|---|")
+  print("| config | params | batch x length | tokens/s | TFLOP/s | fraction of ceiling |")
+  print("|---|---|---|---|---|---|")
   for r in rows:
     print(f"| {r['name']} | {r['params'] / 1e6:.1f}M | {r['shape']} | {r['tok_s']:,.0f} | {r['tflops']:.3f} "
           f"| {r['mfu']:.1%} |")

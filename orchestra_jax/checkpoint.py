@@ -8,8 +8,6 @@ Our model checkpoint directory:
 
 from __future__ import annotations
 
-from orchestra_jax.errors import UserError
-
 import json
 import os
 import shutil
@@ -19,8 +17,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from orchestra_jax.errors import UserError
 from orchestra_jax.model import qwen3
-from orchestra_jax.model.config import ConfigError, ModelConfig
+from orchestra_jax.model.config import ModelConfig
 from orchestra_jax.sharding import ShardingConfig
 
 MODEL_CONFIG_FILE = "model_config.json"

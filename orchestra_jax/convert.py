@@ -8,8 +8,6 @@ plans shards from shapes and writes one shard at a time.
 
 from __future__ import annotations
 
-from orchestra_jax.errors import UserError
-
 import json
 import os
 import re
@@ -20,6 +18,7 @@ import jax
 import numpy as np
 
 from orchestra_jax import checkpoint
+from orchestra_jax.errors import UserError
 from orchestra_jax.model import qwen3
 from orchestra_jax.model.config import ModelConfig
 

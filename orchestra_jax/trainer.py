@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import shutil
 import sys

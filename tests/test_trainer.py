@@ -1,7 +1,6 @@
 """`orchestra train` as a user runs it: real subprocesses, SIGKILL and resume, the NaN guard, bad configs."""
 
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from orchestra_jax.errors import UserError
-
 import dataclasses
 import json
 from typing import Any
 
 import jax.numpy as jnp
+
+from orchestra_jax.errors import UserError
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
