@@ -29,6 +29,8 @@ import types
 import typing
 from typing import Any, Callable, Literal, Union
 
+from orchestra_jax.rollout.chat_format import json_type
+
 __all__ = ["ValidationError", "from_json", "to_json", "json_schema", "canonical_json", "sha256_json", "field"]
 
 
@@ -58,24 +60,6 @@ def field(description: str | None = None, **kwargs) -> Any:
   return dataclasses.field(metadata=metadata, **kwargs)
 
 
-def _type_name(value: Any) -> str:
-  if value is None:
-    return "null"
-  if isinstance(value, bool):
-    return "boolean"
-  if isinstance(value, int):
-    return "integer"
-  if isinstance(value, float):
-    return "number"
-  if isinstance(value, str):
-    return "string"
-  if isinstance(value, list):
-    return "array"
-  if isinstance(value, dict):
-    return "object"
-  return type(value).__name__
-
-
 def _short(value: Any, limit: int = 60) -> str:
   text = json.dumps(value, default=str)
   return text if len(text) <= limit else text[:limit - 3] + "..."
@@ -85,13 +69,13 @@ def _short(value: Any, limit: int = 60) -> str:
 def _load_str(v):
   if isinstance(v, str):
     return v
-  raise ValidationError(f"expected a string, got {_type_name(v)} {_short(v)}")
+  raise ValidationError(f"expected a string, got {json_type(v)} {_short(v)}")
 
 
 def _load_bool(v):
   if isinstance(v, bool):
     return v
-  raise ValidationError(f"expected a boolean, got {_type_name(v)} {_short(v)}")
+  raise ValidationError(f"expected a boolean, got {json_type(v)} {_short(v)}")
 
 
 def _load_int(v):
@@ -99,13 +83,13 @@ def _load_int(v):
     return v
   if isinstance(v, float) and v.is_integer():
     return int(v)
-  raise ValidationError(f"expected an integer, got {_type_name(v)} {_short(v)}")
+  raise ValidationError(f"expected an integer, got {json_type(v)} {_short(v)}")
 
 
 def _load_float(v):
   if isinstance(v, (int, float)) and not isinstance(v, bool):
     return float(v)
-  raise ValidationError(f"expected a number, got {_type_name(v)} {_short(v)}")
+  raise ValidationError(f"expected a number, got {json_type(v)} {_short(v)}")
 
 
 def _load_any(v):
@@ -136,7 +120,7 @@ def _loader(tp: Any) -> Callable[[Any], Any]:
 
     def load_list(v):
       if not isinstance(v, (list, tuple)):
-        raise ValidationError(f"expected an array, got {_type_name(v)} {_short(v)}")
+        raise ValidationError(f"expected an array, got {json_type(v)} {_short(v)}")
       out = []
       for i, x in enumerate(v):
         try:
@@ -150,7 +134,7 @@ def _loader(tp: Any) -> Callable[[Any], Any]:
 
     def load_dict(v):
       if not isinstance(v, dict):
-        raise ValidationError(f"expected an object, got {_type_name(v)} {_short(v)}")
+        raise ValidationError(f"expected an object, got {json_type(v)} {_short(v)}")
       out = {}
       for k, x in v.items():
         if not isinstance(k, str):
@@ -204,7 +188,7 @@ def _dataclass_loader(cls: type) -> Callable[[Any], Any]:
     if isinstance(v, cls):
       v = to_json(v)
     if not isinstance(v, dict):
-      raise ValidationError(f"expected an object ({cls.__name__}), got {_type_name(v)} {_short(v)}")
+      raise ValidationError(f"expected an object ({cls.__name__}), got {json_type(v)} {_short(v)}")
     kwargs = {}
     found = 0
     for name, load, default, factory in specs:
@@ -285,7 +269,7 @@ def sha256_json(value: Any) -> str:
 
 # --- JSON schema --------------------------------------------------------------------------------------------
 def _literal_type(values) -> str | None:
-  kinds = {_type_name(v) for v in values}
+  kinds = {json_type(v) for v in values}
   return kinds.pop() if len(kinds) == 1 else None
 
 

@@ -347,7 +347,7 @@ def _loads_lenient(body: str, repairs: list[str]) -> Any:
 def _call_from_value(value: Any, repairs: list[str]) -> tuple[str, dict[str, Any]]:
   """Check the decoded JSON of a call and return (name, arguments)."""
   if not isinstance(value, dict):
-    raise _Fail(MALFORMED_JSON, f"expected a JSON object, got {_json_type(value)}")
+    raise _Fail(MALFORMED_JSON, f"expected a JSON object, got {json_type(value)}")
   if "name" not in value and isinstance(value.get("function"), dict):  # OpenAI-style nesting
     value = value["function"]
     repairs.append("function_wrapper")
@@ -376,7 +376,7 @@ def _call_from_value(value: Any, repairs: list[str]) -> tuple[str, dict[str, Any
         raise _Fail(BAD_ARGUMENTS, '"arguments" is nested too deeply', name) from None
     repairs.append("arguments_string")
   if not isinstance(args, dict):
-    raise _Fail(BAD_ARGUMENTS, f'"arguments" must be a JSON object, got {_json_type(args)}', name)
+    raise _Fail(BAD_ARGUMENTS, f'"arguments" must be a JSON object, got {json_type(args)}', name)
   return name, args
 
 
@@ -483,7 +483,8 @@ def parse_assistant_turn(text: str, *, assume_closed: bool = False) -> ParsedTur
 
 
 # --- validation against tool schemas --------------------------------------------------------------------
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
+  """The JSON-schema type name of a decoded JSON value (for error messages and type checks)."""
   if value is None:
     return "null"
   if isinstance(value, bool):
@@ -502,7 +503,7 @@ def _json_type(value: Any) -> str:
 
 
 def _is_type(value: Any, t: str) -> bool:
-  actual = _json_type(value)
+  actual = json_type(value)
   if t == "number":
     return actual in ("integer", "number")
   if t == "integer":
@@ -516,7 +517,7 @@ def _short(value: Any, limit: int = 80) -> str:
 
 
 def _json_equal(a: Any, b: Any) -> bool:
-  return a == b and (_json_type(a) == _json_type(b) or {_json_type(a), _json_type(b)} == {"integer", "number"})
+  return a == b and (json_type(a) == json_type(b) or {json_type(a), json_type(b)} == {"integer", "number"})
 
 
 def _check_value(value: Any, schema: Any, path: str, out: list[tuple[str, str]]) -> None:
@@ -529,7 +530,7 @@ def _check_value(value: Any, schema: Any, path: str, out: list[tuple[str, str]])
     types = [types]
   if isinstance(types, list) and types and not any(_is_type(value, t) for t in types):
     want = " or ".join(types)
-    out.append((WRONG_TYPE, f'argument "{path}" must be {want}, got {_json_type(value)} {_short(value)}'))
+    out.append((WRONG_TYPE, f'argument "{path}" must be {want}, got {json_type(value)} {_short(value)}'))
     return
   enum = schema.get("enum")
   if isinstance(enum, list) and not any(_json_equal(value, e) for e in enum):
