@@ -75,7 +75,7 @@ General:
 
 Examples:
   launch/tpu_pod.sh --name orch-v5p --zone us-east5-a --accelerator-type v5p-64 --spot \
-      --config configs/orchestrator_8b.py --config.train.steps=2000 --env ORCHESTRA_DATA_DIR=/mnt/data
+      --config configs/orchestrator_8b.py --config.steps=2000 --env ORCHESTRA_DATA_DIR=/mnt/data
   launch/tpu_pod.sh --name orch-v5p --zone us-east5-a --fetch-logs
 EOF
 }

@@ -533,32 +533,10 @@ def _turn_tokens(traj) -> tuple[int, int]:
   return prompt, completion
 
 
-def _streaming_loop_class():
-  """`AgentLoop` that reports each row the moment it ends, so items are graded and written while others decode."""
-  from orchestra_jax.rollout.agent_loop import AgentLoop
-
-  class StreamingAgentLoop(AgentLoop):
-    def __init__(self, *args, on_done: Callable[..., None], **kwargs):
-      super().__init__(*args, **kwargs)
-      self._on_done = on_done
-      self._opened: dict[int, float] = {}
-
-    def _open(self, index, *args, **kwargs):
-      self._opened[index] = time.perf_counter()
-      return super()._open(index, *args, **kwargs)
-
-    def _close(self, row, *args, **kwargs):
-      super()._close(row, *args, **kwargs)
-      wall = time.perf_counter() - self._opened.pop(row.index, time.perf_counter())
-      self._on_done(row.index, row.trajectory, row.episode, wall)
-
-  return StreamingAgentLoop
-
-
 def _run_checkpoint(model_dir: str, cfg, settings: EvalSettings, env, catalog, items: list[tuple[int, dict]],
                     finish: Callable[..., None]) -> None:
   from orchestra_jax import checkpoint, sharding as sharding_lib, tokenizer as tokenizer_lib
-  from orchestra_jax.rollout.agent_loop import RolloutConfig
+  from orchestra_jax.rollout.agent_loop import AgentLoop, RolloutConfig
   from orchestra_jax.rollout.sampler import Sampler
   from orchestra_jax.tools.catalog import llm_cost
 
@@ -588,9 +566,9 @@ def _run_checkpoint(model_dir: str, cfg, settings: EvalSettings, env, catalog, i
     finish(tasks[i], traj, episode, turns=len(traj.turns), orchestrator_cost=cost, orchestrator_latency=None,
            orchestrator_tokens=tokens, wall_s=wall, last_text=last)
 
-  loop = _streaming_loop_class()(sampler, tok, env, rollout, on_done=on_done)
+  loop = AgentLoop(sampler, tok, env, rollout)
   env_tasks = [_env_task(t, env) for t in tasks]
-  loop.run(env_tasks, seeds=[pos for pos, _ in items], rollout_ids=[t["id"] for t in tasks])
+  loop.run(env_tasks, seeds=[pos for pos, _ in items], rollout_ids=[t["id"] for t in tasks], on_done=on_done)
 
 
 # --- orchestrator: an OpenAI-compatible endpoint --------------------------------------------------------------

@@ -19,7 +19,7 @@ last good checkpoint stays the latest.
 
 from __future__ import annotations
 
-import contextlib
+import concurrent.futures as cf
 import dataclasses
 import json
 import os
@@ -27,7 +27,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +36,7 @@ import numpy as np
 
 from orchestra_jax import checkpoint as model_ckpt
 from orchestra_jax import configs as config_lib
+from orchestra_jax.environments import ENVIRONMENTS, EnvSetup, validate_env
 from orchestra_jax import sharding as sharding_lib
 from orchestra_jax.errors import UserError
 from orchestra_jax.model import qwen3
@@ -51,39 +52,11 @@ from orchestra_jax.rollout.sampler import Sampler
 from orchestra_jax.rollout.trajectory import Trajectory
 
 
+GRADE_WORKERS = 8  # rollouts graded at once (QA with a remote LLM judge waits on HTTP)
+
+
 class TrainingDiverged(UserError):
   """A non-finite loss or gradient; the message names the step and the last good checkpoint."""
-
-
-# --- environments --------------------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class EnvSetup:
-  """Everything the loop needs from a task family: tools, tasks, grading, preferences, warm-up data."""
-
-  env: Any  # rollout.environment.ToolEnvironment
-  aliases: list[str]  # tool features of the reward, counted by alias
-  train_tasks: list[dict[str, Any]]
-  eval_tasks: dict[str, list[dict[str, Any]]]  # preference name -> tasks
-  grade: Callable[[dict, str | None], float]
-  preference_vector: Callable[[dict], np.ndarray]
-  sft_examples: Callable[[Any, list[dict], int], list[tuple[list[int], list[int]]]] | None = None
-
-
-@contextlib.contextmanager
-def demo_environment(cfg: ml_collections.ConfigDict):
-  from orchestra_jax.demo import world as demo
-
-  prefs = list(cfg.env.preferences)
-  with demo.DemoWorld(seed=cfg.seed) as w:
-    yield EnvSetup(
-        env=w.env(), aliases=list(w.aliases),
-        train_tasks=demo.make_tasks(cfg.env.num_train_tasks, seed=cfg.seed, preference=prefs),
-        eval_tasks={p: demo.make_tasks(cfg.env.num_eval_tasks, seed=cfg.seed + 10_000, preference=p) for p in prefs},
-        grade=w.grade, preference_vector=w.preference_vector, sft_examples=demo.sft_examples)
-
-
-ENVIRONMENTS: dict[str, Callable[[ml_collections.ConfigDict], Any]] = {"demo": demo_environment}
 
 
 # --- config --------------------------------------------------------------------------------------------
@@ -113,9 +86,7 @@ def _reward_config(cfg) -> RewardConfig:
 
 def validate(cfg: ml_collections.ConfigDict) -> None:
   """Config problems as one clear line each, before any work starts."""
-  if cfg.env.name not in ENVIRONMENTS:
-    raise config_lib.ConfigFileError(
-        f"bad value for config key 'env.name': {cfg.env.name!r} (known: {', '.join(sorted(ENVIRONMENTS))})")
+  validate_env(cfg)
   for key in ("steps", "prompts_per_step", "group_size", "train.mini_batch_size", "rollout.batch_size"):
     node = cfg
     for part in key.split("."):
@@ -274,10 +245,17 @@ class Trainer:
   def _initial_params(self):
     if self.cfg.init_checkpoint:
       config, params = model_ckpt.load_model(self.cfg.init_checkpoint, self.sharding)
-      if config.replace(remat=self.model_config.remat) != self.model_config.replace(remat=self.model_config.remat):
+      # Remat and dtypes are how we run the architecture, not the architecture: a bf16 Qwen3-8B checkpoint
+      # starts an f32-master-weights run (cast up here).
+      mine = self.model_config
+      same = dict(remat=mine.remat, param_dtype=mine.param_dtype, dtype=mine.dtype)
+      if config.replace(**same) != mine:
+        diff = sorted(k for k, v in dataclasses.asdict(config.replace(**same)).items() if getattr(mine, k) != v)
         raise config_lib.ConfigFileError(
-            f"config key 'model' does not match the checkpoint {self.cfg.init_checkpoint}; copy its model_config.json")
-      return params
+            f"config key 'model' does not match the checkpoint {self.cfg.init_checkpoint} (differs in "
+            f"{', '.join(diff)}); copy its model_config.json")
+      dtype = mine.jnp_param_dtype
+      return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
     return qwen3.init_params(self.model_config, jax.random.key(self.cfg.seed), self.sharding)
 
   def _warmup(self, state, setup: EnvSetup):
@@ -323,25 +301,29 @@ class Trainer:
     return tqdm(iterable, desc=desc, initial=initial, total=total, dynamic_ncols=True, file=sys.stderr)
 
   def _rollouts(self, sampler, setup: EnvSetup, tasks: list[dict], seeds: list[int], temperature=None):
+    """(trajectories, outcomes, stats). Each rollout is graded the moment it ends (tau2 grading needs the live
+    episode), on a small pool so a remote judge does not stall decoding."""
     loop = AgentLoop(sampler, self.tokenizer, setup.env, _rollout_config(self.cfg, temperature))
-    trajs = loop.run(tasks, seeds=seeds)
-    return trajs, loop.stats
+    with cf.ThreadPoolExecutor(max_workers=GRADE_WORKERS, thread_name_prefix="grade") as pool:
+      graded: dict[int, cf.Future] = {}
+      trajs = loop.run(tasks, seeds=seeds, on_done=lambda i, traj, episode, wall: graded.__setitem__(
+          i, pool.submit(setup.grade, tasks[i], traj, episode)))
+      outcomes = [float(graded[i].result()) for i in range(len(tasks))]
+    return trajs, outcomes, loop.stats
 
-  def _score(self, setup: EnvSetup, tasks, trajs, groups: int, group_size: int):
-    outcomes = [setup.grade(t, tr.final_answer) for t, tr in zip(tasks, trajs)]
+  def _score(self, setup: EnvSetup, tasks, trajs, outcomes, groups: int, group_size: int):
     arrays = [group_arrays(trajs[g * group_size:(g + 1) * group_size], setup.aliases,
                            outcomes[g * group_size:(g + 1) * group_size], by="alias") for g in range(groups)]
     stacked = {k: np.stack([a[k] for a in arrays]) for k in arrays[0]}
     preference = np.stack([setup.preference_vector(tasks[g * group_size]) for g in range(groups)])
     scored = score_groups(self.reward_config, stacked["tool_counts"], stacked["outcome"], stacked["cost"],
                           stacked["latency"], preference, stacked["has_final_answer"])
-    return outcomes, stacked, {k: np.asarray(v) for k, v in scored.items()}
+    return stacked, {k: np.asarray(v) for k, v in scored.items()}
 
   def _evaluate(self, sampler, setup: EnvSetup, step: int) -> dict[str, dict[str, float]]:
     results = {}
     for pref, tasks in setup.eval_tasks.items():
-      trajs, _ = self._rollouts(sampler, setup, tasks, seeds=list(range(len(tasks))), temperature=0.0)
-      outcomes = [setup.grade(t, tr.final_answer) for t, tr in zip(tasks, trajs)]
+      trajs, outcomes, _ = self._rollouts(sampler, setup, tasks, seeds=list(range(len(tasks))), temperature=0.0)
       values = {"accuracy": float(np.mean(outcomes)), "cost_per_task": float(np.mean([t.cost_usd for t in trajs])),
                 "latency_per_task": float(np.mean([t.latency_s for t in trajs])),
                 "no_answer": float(np.mean([t.final_answer is None for t in trajs]))}
@@ -435,9 +417,9 @@ class Trainer:
         tasks = next(iterator)
         rep = [t for t in tasks for _ in range(g)]
         seeds = [int(s) for s in np.random.default_rng([cfg.seed, step]).integers(0, 2**31 - 1, len(rep))]
-        trajs, stats = self._rollouts(sampler, setup, rep, seeds)
+        trajs, outcomes, stats = self._rollouts(sampler, setup, rep, seeds)
         t1 = time.perf_counter()
-        outcomes, arrays, scored = self._score(setup, rep, trajs, len(tasks), g)
+        arrays, scored = self._score(setup, rep, trajs, outcomes, len(tasks), g)
         rows = []
         for i, traj in enumerate(trajs):
           if not scored["keep"].reshape(-1)[i]:

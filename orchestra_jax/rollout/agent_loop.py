@@ -22,7 +22,7 @@ import collections
 import concurrent.futures as cf
 import dataclasses
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from orchestra_jax.rollout import chat_format
 from orchestra_jax.rollout.environment import Episode, ToolEnvironment, ToolResult
@@ -84,6 +84,7 @@ class _Row:
   replies: list[str | cf.Future] | None = None  # per call block: an error text or a pending future
   last_token: int | None = None
   done: bool = False
+  opened_at: float = dataclasses.field(default_factory=time.perf_counter)
 
 
 def _run_call(episode: Episode, call: chat_format.ToolCall) -> ToolResult:
@@ -110,8 +111,14 @@ class AgentLoop:
 
   # --- public ------------------------------------------------------------------------------------
   def run(self, tasks: Sequence[dict[str, Any]], seeds: Sequence[int] | None = None,
-          rollout_ids: Sequence[str] | None = None) -> list[Trajectory]:
-    """One trajectory per task, in task order. Repeat a task G times in `tasks` for a GRPO group."""
+          rollout_ids: Sequence[str] | None = None,
+          on_done: Callable[[int, Trajectory, Episode, float], None] | None = None) -> list[Trajectory]:
+    """One trajectory per task, in task order. Repeat a task G times in `tasks` for a GRPO group.
+
+    `on_done(index, trajectory, episode, wall_s)` is called (on this thread) the moment a row ends, after its
+    episode is closed and its slot released, while other rows keep decoding: the place to grade an episode
+    (tau2 grading needs the `Episode`, which `run` does not return) or stream results out. `wall_s` is the
+    row's time from opening to its end."""
     if self.sampler.has_work():
       raise RuntimeError("the sampler is busy; AgentLoop needs an idle sampler")
     seeds = list(range(len(tasks))) if seeds is None else list(seeds)
@@ -130,7 +137,7 @@ class AgentLoop:
           row.slot = slot
           rows[slot] = row
           if not self._start_turn(row, first=True):
-            self._close(row, rows, out)
+            self._close(row, rows, out, on_done)
         if self.sampler.has_work():
           t0 = time.perf_counter()
           finished = self.sampler.step()
@@ -147,7 +154,7 @@ class AgentLoop:
           if row.futures is not None and all(f.done() for f in row.futures):
             self._on_tools_done(row)
           if row.done:
-            self._close(row, rows, out)
+            self._close(row, rows, out, on_done)
     self.stats.wall_s += time.perf_counter() - start
     return out  # type: ignore[return-value]
 
@@ -240,10 +247,12 @@ class AgentLoop:
     row.trajectory.append_tool_response(ids)
     self.sampler.extend(row.slot, ids)
 
-  def _close(self, row: _Row, rows: dict[int, _Row], out: list) -> None:
+  def _close(self, row: _Row, rows: dict[int, _Row], out: list, on_done=None) -> None:
     if row.futures:  # cannot happen (rows end only after their tools return); keep the invariant loud
       raise RuntimeError(f"row {row.index} closed with tool calls in flight")
     row.episode.close()
     self.sampler.release(row.slot)
     rows.pop(row.slot, None)
     out[row.index] = row.trajectory
+    if on_done is not None:
+      on_done(row.index, row.trajectory, row.episode, time.perf_counter() - row.opened_at)

@@ -31,8 +31,16 @@ Ledger and records. Every call, including domain tools and messages to the user,
 (rollout key = the rollout id) and returned as a `ToolCallRecord`; only `call_expert` costs money. The user's
 thinking time is not a tool's latency: `send_message_to_user` records 0 s unless `count_user_latency=True`.
 
-Task argument of `new_episode`: a `{"id": <tau2 task id>, "alias_map"?, "preference_text"?}` dict (the id may
-also be given as "task_id"), a full tau2 task JSON dict (with "user_scenario"), an `envs.Task`, or a task id.
+Task argument of `new_episode`: a `{"id": <tau2 task id>, "alias_map"?, "tools"?, "preference_text"?}` dict (the
+id may also be given as "task_id"), a full tau2 task JSON dict (with "user_scenario"), an `envs.Task`, or a task id.
+
+Offered tools. A non-empty `tools` (the training record's field) lists catalog aliases and domain tool names.
+The aliases restrict the catalog (`Catalog.offer`, after the `alias_map` remap): `call_expert`'s enum shows only
+the listed experts, and with none listed `call_expert` is not offered at all (an explicit list is the whole
+offer). The domain tools listed are the ones the orchestrator sees and that run, for it and for a delegated
+expert alike; a list that names no domain tool keeps all of them (`data.converters.convert_tau2` lists all, and
+an aliases-only list must not leave a task unsolvable). `send_message_to_user` is always offered. Unknown names
+raise `UnknownAliasError` from `new_episode`; calls to tools not offered get an "Error: ..." result.
 The user simulator comes from `user_simulator_factory(task)`, called once per episode (simulators keep state).
 
 Threads. Calls of one episode are serialised by a lock (the database and the conversation are sequential).
@@ -55,8 +63,8 @@ from orchestra_jax.rollout.chat_format import ToolCall
 from orchestra_jax.rollout.environment import Episode, ToolEnvironment, ToolResult
 from orchestra_jax.tools.catalog import Catalog, InvalidToolCall
 from orchestra_jax.tools.ledger import Ledger
-from orchestra_jax.tools.qa_env import (ExpertClients, ExpertReply, QAEnvError, _as_arguments, _short, record_call,
-                                        strip_thinking)
+from orchestra_jax.tools.qa_env import (ExpertClients, ExpertReply, QAEnvError, _as_arguments, _short, offer_tools,
+                                        record_call, strip_thinking)
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +142,7 @@ class Tau2Environment(ToolEnvironment):
   """One tau2 domain with a user simulator and the catalog's experts; see the module docstring.
 
   Args:
-    domain_name: "mock", "airline" or "retail" (`envs.Domain.load`).
+    domain_name: "mock", "airline" or "retail" (`envs.Domain.load`), or a loaded `envs.Domain`.
     catalog: the tool catalog (its `call_expert` tool and expert aliases).
     user_simulator_factory: `task -> UserSimulator` (e.g. `lambda t: ScriptedUser([...])`).
     ledger: where every call is recorded (default: a new `Ledger.for_catalog(catalog)`).
@@ -148,7 +156,7 @@ class Tau2Environment(ToolEnvironment):
     count_user_latency: record the user simulator's wall time as the latency of send_message_to_user.
   """
 
-  def __init__(self, domain_name: str, catalog: Catalog, user_simulator_factory: Callable[[Task], UserSimulator],
+  def __init__(self, domain_name: "str | Domain", catalog: Catalog, user_simulator_factory: Callable[[Task], UserSimulator],
                *, ledger: Ledger | None = None, data_dir: str | None = None, greeting: str | None = DEFAULT_GREETING,
                expert_mode: str = "delegate", max_expert_tool_calls: int = 5,
                client_options: Mapping[str, Any] | None = None, chat_options: Mapping[str, Any] | None = None,
@@ -167,10 +175,11 @@ class Tau2Environment(ToolEnvironment):
       raise QAEnvError(f"context_chars must be a positive integer, got {context_chars!r}")
     if on_missing_judge not in ("error", "skip", "zero"):
       raise QAEnvError(f"on_missing_judge must be 'error', 'skip' or 'zero', got {on_missing_judge!r}")
-    self.domain = Domain.load(domain_name, data_dir)
+    # A loaded Domain (e.g. a synthesised ToolScale domain, `synth.load_domain_dir`) is used as it is.
+    self.domain = domain_name if isinstance(domain_name, Domain) else Domain.load(domain_name, data_dir)
     clash = {SEND_MESSAGE_TOOL, CALL_EXPERT_TOOL} & set(self.domain.tool_names)
     if clash:
-      raise QAEnvError(f"domain {domain_name} defines tools named {sorted(clash)}, which the orchestrator needs")
+      raise QAEnvError(f"domain {self.domain.name} defines tools named {sorted(clash)}, which the orchestrator needs")
     self.catalog = catalog
     self.user_simulator_factory = user_simulator_factory
     self.ledger = ledger if ledger is not None else Ledger.for_catalog(catalog)
@@ -204,8 +213,14 @@ class Tau2Environment(ToolEnvironment):
     tau2_task = self.resolve_task(task)
     options = task if isinstance(task, Mapping) else {}
     catalog = self.catalog.remap(options["alias_map"]) if options.get("alias_map") else self.catalog
+    domain_tools = None
+    if options.get("tools"):  # remap first: the map may name aliases this sample does not offer
+      catalog, listed = offer_tools(catalog, options["tools"], options.get("id", options.get("task_id")),
+                                    own_tools=self.domain.tool_names, own_label=f"tools of domain {self.domain.name}")
+      domain_tools = listed or None  # none listed: all of them (see the module docstring)
     preference = options.get("preference_text") if isinstance(options.get("preference_text"), str) else None
-    return Tau2Episode(self, tau2_task, catalog, rollout_id, self.user_simulator_factory(tau2_task), preference)
+    return Tau2Episode(self, tau2_task, catalog, rollout_id, self.user_simulator_factory(tau2_task), preference,
+                       domain_tools=domain_tools)
 
   def close(self) -> None:
     self.clients.close()
@@ -215,10 +230,13 @@ class Tau2Episode(Episode):
   """One tau2 conversation: a private database, the user simulator and the conversation so far."""
 
   def __init__(self, env: Tau2Environment, task: Task, catalog: Catalog, rollout_id: str, user: UserSimulator,
-               preference_text: str | None = None):
+               preference_text: str | None = None, *, domain_tools: Sequence[str] | None = None):
     self.env = env
     self.task = task
     self.catalog = catalog
+    # the domain tools this episode offers (None: all), in the domain's order so schemas keep a stable layout
+    offered = set(env.domain.tool_names if domain_tools is None else domain_tools)
+    self.domain_tools: tuple[str, ...] = tuple(n for n in env.domain.tool_names if n in offered)
     self.rollout_id = rollout_id
     self.user = user
     self.preference_text = preference_text
@@ -279,11 +297,18 @@ class Tau2Episode(Episode):
       return None
     return self._user_turn()
 
+  def _available(self) -> str:
+    names = list(self.domain_tools) + ([CALL_EXPERT_TOOL] if CALL_EXPERT_TOOL in self.catalog.tools else [])
+    return ", ".join(names + [SEND_MESSAGE_TOOL])
+
+  def _domain_schemas(self) -> list[dict[str, Any]]:
+    return [s for s in self.env.domain.tool_schemas() if s["function"]["name"] in self.domain_tools]
+
   def _execute(self, name: str, arguments: Any) -> tuple[str, bool]:
-    """Runs one domain tool call on the database and logs it in the conversation: (result text, is_error)."""
-    if name not in self.env.domain.tool_names:
-      return (f"unknown tool {name!r}; available: {', '.join(self.env.domain.tool_names)}, "
-              f"{CALL_EXPERT_TOOL}, {SEND_MESSAGE_TOOL}"), True
+    """Runs one domain tool call on the database and logs it in the conversation: (result text, is_error).
+    Only offered domain tools run, whoever calls (the orchestrator or a delegated expert)."""
+    if name not in self.domain_tools:
+      return f"unknown tool {name!r}; available: {self._available()}", True
     record = self.domain_env.execute(name, arguments)
     call_id = self._next_id()
     self.conversation.append({"role": "assistant", "content": None,
@@ -299,7 +324,7 @@ class Tau2Episode(Episode):
     return [{"role": "system", "content": self.system_prompt()}] + [dict(m) for m in self._opening]
 
   def tools(self) -> list[dict[str, Any]]:
-    schemas = self.env.domain.tool_schemas()
+    schemas = self._domain_schemas()
     if CALL_EXPERT_TOOL in self.catalog.tools:
       schemas.append(self.catalog.tool_schema(CALL_EXPERT_TOOL))
     schemas.append(json.loads(json.dumps(SEND_MESSAGE_SCHEMA)))
@@ -357,8 +382,8 @@ class Tau2Episode(Episode):
       return self._finish(call, start, content=f"Error: {message}", error=message)
     if call.name == SEND_MESSAGE_TOOL:
       return self._send_message(call, start)
-    if call.name == CALL_EXPERT_TOOL:
-      return self._call_expert(call, start)
+    if call.name == CALL_EXPERT_TOOL and CALL_EXPERT_TOOL in self.catalog.tools:
+      return self._call_expert(call, start)  # not offered: falls through to _execute's "unknown tool"
     arguments = call.arguments
     if not isinstance(arguments, (Mapping, str)) and arguments is not None:
       message = f"arguments of {call.name} must be a JSON object, got {type(arguments).__name__}"
@@ -393,7 +418,7 @@ class Tau2Episode(Episode):
       alias = alias if isinstance(alias, str) else None
       return self._finish(call, start, content=f"Error: {e}", error=str(e), alias=alias)
     alias, backend = resolved.alias, resolved.backend
-    reply = self.env.clients.chat(backend, self.expert_messages(), tools=self.env.domain.tool_schemas())
+    reply = self.env.clients.chat(backend, self.expert_messages(), tools=self._domain_schemas())
     fields = dict(reply=reply, backend=backend, alias=alias)
     if reply.error:
       message = f"{CALL_EXPERT_TOOL} with {alias} failed: {reply.error}"
