@@ -12,7 +12,8 @@
       hash, communicated info) is 1.
     - "toolscale": a synthesised domain (`metadata.domain_dir`, relative to its data file; see `orchestra synth`),
       otherwise as "tau2".
-  Each record's `alias_map` remaps the catalog for its episodes, `preference_text` goes into the prompt and
+  Each record's `tools` restricts the aliases (and domain tools) its episodes offer, `alias_map` remaps the
+  catalog for them (models, prices), `preference_text` goes into the prompt and
   `preference` (over `[aliases..., "outcome", "-cost", "-latency"]`) weights the reward; a record without one
   gets `env.default_preference`. Evaluation uses `env.eval_data`, or holds out `env.num_eval_tasks` records of
   the training data (seeded), reported per group: "qa", "tau2-airline", "toolscale-bank", ...
@@ -106,7 +107,7 @@ def load_task_records(paths: Sequence[str]) -> list[dict[str, Any]]:
               f"{path}: record {s.id!r}: field 'metadata.domain_dir': a toolscale record needs the directory of its "
               "synthesised domain (as `orchestra synth` writes it)")
         task["domain_dir"] = str((Path(path).parent / domain_dir).resolve())
-      for key in ("alias_map", "preference", "preference_text"):
+      for key in ("tools", "alias_map", "preference", "preference_text"):
         value = getattr(s, key)
         if value:
           task[key] = value
@@ -165,10 +166,15 @@ def _check_records(tasks: list[dict[str, Any]], catalog, aliases: list[str], def
   from orchestra_jax.data.format import DataFormatError
   from orchestra_jax.data.preferences import preference_array
 
+  from orchestra_jax.tools.qa_env import offer_tools
+
   for task in tasks:
     try:
-      if task.get("alias_map"):
-        catalog.remap(task["alias_map"])
+      remapped = catalog.remap(task["alias_map"]) if task.get("alias_map") else catalog
+      if task.get("tools") and task["kind"] == "qa":
+        offered, _ = offer_tools(remapped, task["tools"], task["id"])
+        if "answer" not in offered.tools:
+          raise ValueError("'tools' offers no `answer` alias, so no episode of it could ever end")
       preference_array(task.get("preference") or default_preference, aliases)
     except (ValueError, UserError) as e:
       raise DataFormatError(f"{source}: record {task['id']!r}: {e}") from None

@@ -175,6 +175,8 @@ def _tau2_domain(benchmark: str) -> str | None:
 
 def _qa_task(sample) -> dict[str, Any]:
   task = {"id": sample.id, "question": sample.question, "answer": sample.answer}
+  if sample.tools:
+    task["tools"] = list(sample.tools)
   if sample.alias_map:
     task["alias_map"] = sample.alias_map
   if sample.preference_text:
@@ -186,6 +188,8 @@ def _qa_task(sample) -> dict[str, Any]:
 
 def _tau2_task(sample) -> dict[str, Any]:
   task = {"id": sample.id, "question": sample.question, "tau2_task": sample.task}
+  if sample.tools:
+    task["tools"] = list(sample.tools)
   if sample.alias_map:
     task["alias_map"] = sample.alias_map
   if sample.preference_text:

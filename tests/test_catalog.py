@@ -105,6 +105,62 @@ def test_parse_call_and_document_gate(catalog):
   assert gated.parse_call("answer", {"model": "answer-1"}, documents_seen=True).alias == "answer-1"
 
 
+def _enums(cat):
+  return {n: s["function"]["parameters"]["properties"][t.argument]["enum"]
+          for n, t in cat.tools.items() for s in [cat.tool_schema(n)]}
+
+
+def test_offer_restricts_aliases_and_drops_empty_tools(catalog):
+  offered = catalog.offer(["answer-math-2", "search-3", "answer-1", "expert-2", "search-1"])
+  # enums in catalog order (not the list's); enhance_reasoning lost every alias, so it is gone
+  assert _enums(offered) == {"search": ["search-1", "search-3"], "answer": ["answer-1", "answer-math-2"],
+                             "call_expert": ["expert-2"]}
+  assert offered.aliases == ("search-1", "search-3", "answer-1", "answer-math-2", "expert-2")
+  assert "answer-2" not in offered and "answer-2" in catalog  # the original is unchanged
+  desc = offered.tool_schema("answer")["function"]["parameters"]["properties"]["model"]["description"]
+  assert "answer-1: $1.25" in desc and "answer-2" not in desc
+  with pytest.raises(InvalidToolCall, match="not one of answer-1, answer-math-2"):
+    offered.parse_call("answer", {"model": "answer-2"})
+  with pytest.raises(InvalidToolCall, match="unknown tool 'enhance_reasoning'"):
+    offered.parse_call("enhance_reasoning", {"model": "reasoner-1"})
+  assert offered.parse_call("search", {"model": "search-3"}).backend == catalog.backend("search-3")
+  assert offered.tool_schemas(["search", "answer"])[0]["function"]["name"] == "search"
+  with pytest.raises(UnknownAliasError):
+    offered.tool_schema("enhance_reasoning")
+  assert catalog.offer([]).tools == {} and catalog.offer([]).aliases == ()
+
+
+def test_offer_errors_and_options(catalog):
+  with pytest.raises(UnknownAliasError, match="'get_user_details', 'search-9'") as err:
+    catalog.offer(["search-1", "get_user_details", "search-9"])
+  assert isinstance(err.value, UserError)
+  # callers holding non-alias names (a tau2 domain's tools) filter with `in` first
+  names = ["get_user_details", "expert-1"]
+  assert catalog.offer([n for n in names if n in catalog]).aliases == ("expert-1",)
+  with pytest.raises(CatalogError, match="list of alias names"):
+    catalog.offer("search-1")
+  gated = catalog.with_options(require_document_before_answer=True, show_model_names=True).offer(["answer-2"])
+  assert gated.require_document_before_answer and gated.show_model_names
+  assert "answer-2 (gpt-5-mini)" in json.dumps(gated.tool_schema("answer"))
+  # the ledger reads only catalog-level prices, which offering keeps
+  ledger, base = Ledger.for_catalog(catalog.offer(["answer-1"])), Ledger.for_catalog(catalog)
+  assert (ledger.orchestrator_price_in, ledger.orchestrator_price_out, ledger.code_usd_per_s) == \
+      (base.orchestrator_price_in, base.orchestrator_price_out, base.code_usd_per_s)
+
+
+def test_offer_composes_with_remap(catalog):
+  # remap first (it may name aliases the sample does not offer), then offer: the remapped backend survives
+  cat = catalog.remap({"answer-1": {"model": "Qwen/Qwen3-8B", "price_in": 0.1}, "search-1": {"price_in": 9}})
+  cat = cat.offer(["answer-1", "search-2"])
+  assert cat.backend("answer-1").model == "Qwen/Qwen3-8B" and cat.backend("answer-1").price_in == 0.1
+  assert "search-1" not in cat and _enums(cat) == {"search": ["search-2"], "answer": ["answer-1"]}
+  assert cat.parse_call("answer", {"model": "answer-1"}).backend.model == "Qwen/Qwen3-8B"
+  # remap after offer may only name offered aliases
+  assert cat.remap({"search-2": {"price_out": 1}}).backend("search-2").price_out == 1
+  with pytest.raises(UnknownAliasError, match="search-1"):
+    cat.remap({"search-1": {"price_in": 1}})
+
+
 def test_round_trip_and_load(catalog, tmp_path):
   path = tmp_path / "cat.json"
   catalog.save(path)

@@ -340,3 +340,83 @@ def test_no_retriever_and_bad_settings(catalog):
     QAEnvironment(catalog, missing_usage="ignore")
   with pytest.raises(QAEnvError):
     QAEnvironment(catalog).new_episode({"id": "x"}, "r")
+
+
+# --- per-sample offered tools (the record's `tools` field) ---------------------------------------------
+
+def _enums(ep):
+  return {t["function"]["name"]: t["function"]["parameters"]["properties"]["model"]["enum"] for t in ep.tools()}
+
+
+def test_offered_tools_restrict_schemas_and_calls(server, catalog, retriever):
+  env = _env(catalog, retriever)  # the ledger comes from the full catalog
+  ep = env.new_episode({"id": "o1", "question": QUESTION, "tools": ["search-2", "answer-1"]}, "ro1")
+  assert _enums(ep) == {"search": ["search-2"], "answer": ["answer-1"]}  # enhance_reasoning: no alias, not offered
+  assert "answer-2" not in json.dumps(ep.tools())
+  before = len(server.received)
+  for call, phrase in [(_call("answer", model="answer-2"), "answer: model='answer-2' is not one of answer-1"),
+                       (_call("search", model="search-1"), "is not one of search-2"),
+                       (_call("enhance_reasoning", model="reasoner-1"),
+                        "unknown tool 'enhance_reasoning'; available: search, answer")]:
+    res = ep.call(call)
+    assert res.content.startswith("Error: ") and phrase in res.content and "\n" not in res.content, res.content
+    assert res.record.error and not res.done and res.record.cost_usd == 0
+    assert not env.ledger.calls[-1].ok
+  assert len(server.received) == before  # refused before any request
+  assert env.ledger.calls[0].alias == "answer-2" and env.ledger.calls[0].model is None
+  assert ep.call(_call("search", model="search-2")).record.error is None
+  res = ep.call(_call("answer", model="answer-1"))
+  assert res.done and res.final_answer == "Velmora" and server.received[-1]["body"]["model"] == "gpt-5"
+  totals = env.ledger.totals("ro1")
+  assert totals["num_calls"] == 5 and totals["num_errors"] == 3
+  # a tool that is not offered is an unknown tool: its call carries no alias, like any unknown tool's
+  assert totals["calls_per_alias"] == {"answer-2": 1, "search-1": 1, "search-2": 1, "answer-1": 1}
+  assert totals["cost_usd"] == pytest.approx(llm_cost(0.25, 2.0, 100, 10) + llm_cost(1.25, 10.0, 300, 5))
+  # empty `tools` means everything
+  full = env.new_episode({"id": "o2", "question": QUESTION, "tools": []}, "ro2")
+  assert _enums(full) == _enums(env.new_episode({"id": "o3", "question": QUESTION}, "ro3"))
+  assert len(_enums(full)["answer"]) == 6
+  env.close()
+
+
+def test_offered_and_remapped_alias_uses_the_remapped_model(server, catalog, retriever):
+  env = _env(catalog, retriever)
+  remap = {"answer-2": {"model": "cheap-answerer", "price_in": 0.1, "price_out": 0.3},
+           "answer-3": {"model": "cheap-answerer"}}  # a remap of an alias not offered is harmless
+  ep = env.new_episode({"id": "o4", "question": QUESTION, "alias_map": remap, "tools": ["answer-2", "search-3"]},
+                       "ro4")
+  assert _enums(ep) == {"search": ["search-3"], "answer": ["answer-2"]}
+  assert "answer-2: $0.1 per million input tokens, $0.3 per million output tokens" in json.dumps(ep.tools())
+  res = ep.call(_call("answer", model="answer-2"))
+  assert server.received[-1]["body"]["model"] == "cheap-answerer"
+  assert res.done and (res.record.model, res.record.alias) == ("cheap-answerer", "answer-2")
+  assert res.record.cost_usd == pytest.approx(llm_cost(0.1, 0.3, 300, 5))
+  env.close()
+
+
+def test_offered_tools_errors(catalog, retriever):
+  from orchestra_jax.tools.catalog import UnknownAliasError
+  env = _env(catalog, retriever)
+  with pytest.raises(UnknownAliasError, match=r"task 'o5': 'tools' lists 'search-9', 'get_user_details'"):
+    env.new_episode({"id": "o5", "question": QUESTION, "tools": ["search-1", "search-9", "get_user_details",
+                                                                  "answer-1"]}, "r")
+  with pytest.raises(QAEnvError, match="offers no alias of answer"):
+    env.new_episode({"id": "o6", "question": QUESTION, "tools": ["search-1", "reasoner-2"]}, "r")
+  with pytest.raises(QAEnvError, match="'tools' must be a list of alias names"):
+    env.new_episode({"id": "o7", "question": QUESTION, "tools": "answer-1"}, "r")
+  # an alias of a tool this environment does not run is accepted and changes nothing
+  ep = env.new_episode({"id": "o8", "question": QUESTION, "tools": ["answer-4", "expert-1"]}, "r")
+  assert _enums(ep) == {"answer": ["answer-4"]}
+  res = ep.call(_call("call_expert", expert="expert-1"))
+  assert "unknown tool 'call_expert'; available: answer" in res.content
+  env.close()
+
+
+def test_offered_expert_aliases_in_qa(catalog, retriever):
+  env = _env(catalog, retriever, tool_names=("search", "enhance_reasoning", "answer", "call_expert"))
+  ep = env.new_episode({"id": "o9", "question": QUESTION, "tools": ["answer-1", "expert-3"]}, "r")
+  names = [t["function"]["name"] for t in ep.tools()]
+  assert names == ["answer", "call_expert"]
+  assert ep.tools()[1]["function"]["parameters"]["properties"]["expert"]["enum"] == ["expert-3"]
+  assert "is not one of expert-3" in ep.call(_call("call_expert", expert="expert-1")).content
+  env.close()

@@ -228,3 +228,82 @@ def test_bad_settings(catalog):
     Tau2Environment("mock", catalog, _user(), expert_mode="auto")
   with pytest.raises(ValueError):
     Tau2Environment("nowhere", catalog, _user())
+
+
+# --- per-sample offered tools (the record's `tools` field) ---------------------------------------------
+
+MOCK_TOOLS = ["create_task", "get_users", "update_task_status", "transfer_to_human_agents"]
+
+
+def _names(ep):
+  return [t["function"]["name"] for t in ep.tools()]
+
+
+def test_offered_experts_restrict_call_expert(server, catalog):
+  ledger = Ledger.for_catalog(catalog)
+  env = _env(catalog, ledger=ledger)
+  ep = env.new_episode({"id": TASK, "tools": MOCK_TOOLS + ["expert-2"]}, "o1")
+  assert _names(ep) == MOCK_TOOLS + ["call_expert", SEND_MESSAGE_TOOL]
+  schema = {t["function"]["name"]: t for t in ep.tools()}["call_expert"]
+  assert schema["function"]["parameters"]["properties"]["expert"]["enum"] == ["expert-2"]
+  assert "expert-1" not in json.dumps(ep.tools())
+  before = len(server.received)
+  res = ep.call(_call("call_expert", expert="expert-1"))
+  assert res.content.startswith("Error: ") and "is not one of expert-2" in res.content and res.record.error
+  assert len(server.received) == before  # refused before any request
+  res = ep.call(_call("call_expert", expert="expert-2"))
+  assert res.record.error is None and "expert-2 said to the user" in res.content
+  assert server.received[-1]["body"]["model"] == "gpt-5-mini"
+  totals = ledger.totals("o1")
+  assert totals["calls_per_alias"] == {"expert-1": 1, "expert-2": 1} and totals["num_errors"] == 1
+  assert totals["cost_usd"] == pytest.approx(llm_cost(0.25, 2.0, 250, 12))
+  env.close()
+
+
+def test_offered_and_remapped_expert(server, catalog):
+  env = _env(catalog)
+  ep = env.new_episode({"id": TASK, "tools": ["expert-3"], "alias_map": {"expert-3": {"model": "gpt-5",
+                                                                                      "price_in": 2.0}}}, "o2")
+  assert _names(ep) == MOCK_TOOLS + ["call_expert", SEND_MESSAGE_TOOL]  # no domain tool listed: all of them
+  res = ep.call(_call("call_expert", expert="expert-3"))
+  assert server.received[-1]["body"]["model"] == "gpt-5" and res.record.error is None, res.content
+  assert (res.record.model, res.record.alias) == ("gpt-5", "expert-3")
+  assert res.record.cost_usd == pytest.approx(llm_cost(2.0, 0.8, 400, 30))
+  env.close()
+
+
+def test_domain_tools_only_keeps_every_expert(server, catalog):
+  env = _env(catalog)
+  ep = env.new_episode({"id": TASK, "tools": list(MOCK_TOOLS)}, "o3")  # as convert_tau2 writes it
+  assert _names(ep) == MOCK_TOOLS + ["call_expert", SEND_MESSAGE_TOOL]
+  schema = next(t for t in ep.tools() if t["function"]["name"] == "call_expert")
+  assert schema["function"]["parameters"]["properties"]["expert"]["enum"] == ["expert-1", "expert-2", "expert-3"]
+  res = ep.call(_call("call_expert", expert="expert-2"))
+  assert res.record.error is None and res.record.alias == "expert-2", res.content
+  env.close()
+
+
+def test_offered_domain_tools_bind_orchestrator_and_expert(server, catalog):
+  env = _env(catalog)
+  ep = env.new_episode({"id": TASK, "tools": ["get_users", "expert-1"]}, "o4")
+  assert _names(ep) == ["get_users", "call_expert", SEND_MESSAGE_TOOL]
+  res = ep.call(_call("create_task", user_id="user_1", title="Important Meeting"))
+  assert res.content == ("Error: unknown tool 'create_task'; available: get_users, call_expert, "
+                         f"{SEND_MESSAGE_TOOL}") and res.record.error
+  assert ep.call(_call("get_users")).record.error is None
+  # the delegated expert sees and runs only the offered domain tools (expert-1 is scripted to create_task)
+  res = ep.call(_call("call_expert", expert="expert-1"))
+  assert {t["function"]["name"] for t in server.received[-1]["body"]["tools"]} == {"get_users"}
+  assert "create_task(" in res.content and "unknown tool 'create_task'" in res.content
+  assert ep.domain_env.db_hash() == env.domain.initial_db_hash()
+  env.close()
+
+
+def test_offered_tools_unknown_names_raise(catalog):
+  from orchestra_jax.tools.catalog import UnknownAliasError
+  env = _env(catalog)
+  with pytest.raises(UnknownAliasError, match=r"'get_user_details', 'expert-9'.*tools of domain mock"):
+    env.new_episode({"id": TASK, "tools": ["get_users", "get_user_details", "expert-9"]}, "o5")
+  with pytest.raises(QAEnvError, match="'tools' must be a list"):
+    env.new_episode({"id": TASK, "tools": "expert-1"}, "o6")
+  env.close()

@@ -6,7 +6,8 @@ an alias maps to a backend: a model served behind an OpenAI-compatible endpoint,
 environment variable holding its API key (never the key), a price in USD per million input / output
 tokens and a typical latency. The orchestrator sees the aliases as a JSON-schema enum and each alias's
 price and latency in the description text; per-sample training data may remap aliases to other models
-and prices (`Catalog.remap`), which is what lets the policy generalise to tools it has not seen.
+and prices (`Catalog.remap`) and offer only some aliases (`Catalog.offer`, a sample's `tools`), which is what
+lets the policy generalise to tools it has not seen.
 
 Config file (JSON), e.g. configs/tools/default_catalog.json:
 
@@ -336,7 +337,37 @@ class Catalog:
         raise CatalogError(f"remap.{alias}: unknown field {unknown[0]!r}; allowed: {', '.join(sorted(merged))}")
       merged.update(fields)
       backends[alias] = _backend(alias, merged, "remap")
-    return Catalog(self._tools.values(), backends, require_document_before_answer=self.require_document_before_answer,
+    return self._derive(self._tools.values(), backends)
+
+  # --- per-sample offering ----------------------------------------------------------------------
+  def offer(self, aliases: Iterable[str]) -> "Catalog":
+    """A new catalog with only `aliases` offered (a sample's `tools` field, see data/format.py).
+
+    Each tool's alias enum keeps the offered aliases in catalog order; a tool left without any is dropped
+    (neither shown nor callable); backends of aliases not offered are dropped too, so `alias in catalog`,
+    `backend()` and `parse_call` all agree on what exists. Every name must be an alias of this catalog
+    (UnknownAliasError lists the others): a sample's domain tool names are the caller's to filter out first,
+    since only the environment knows which names are legitimately not aliases. An empty list offers nothing;
+    "empty means everything" is the caller's rule (it simply does not call `offer`).
+
+    Apply `remap` first, then `offer`: a remap may name any alias of the full catalog, and a remapped
+    backend stays attached to its alias through the restriction (offering never changes a backend).
+    """
+    if isinstance(aliases, (str, bytes)) or not isinstance(aliases, Iterable):
+      raise CatalogError(f"offer expects a list of alias names, got {type(aliases).__name__}")
+    wanted = list(aliases)
+    unknown = [a for a in wanted if not isinstance(a, str) or a not in self._backends]
+    if unknown:
+      raise UnknownAliasError(f"offer: unknown tool alias(es) {', '.join(map(repr, unknown))} in {self.source}; "
+                              f"known: {', '.join(sorted(self._backends))}")
+    keep = set(wanted)
+    tools = [dataclasses.replace(t, aliases=tuple(a for a in t.aliases if a in keep)) for t in self._tools.values()]
+    backends = {a: b for a, b in self._backends.items() if a in keep}  # catalog order, not the list's
+    return self._derive([t for t in tools if t.aliases], backends)
+
+  def _derive(self, tools: Iterable[ToolSpec], backends: Mapping[str, Backend]) -> "Catalog":
+    """A catalog with other tools / backends and this one's options (prices of the orchestrator, code, ...)."""
+    return Catalog(tools, backends, require_document_before_answer=self.require_document_before_answer,
                    show_model_names=self.show_model_names, orchestrator_model=self.orchestrator_model,
                    orchestrator_price_in=self.orchestrator_price_in, orchestrator_price_out=self.orchestrator_price_out,
                    code_execution_usd_per_s=self.code_execution_usd_per_s, source=self.source)

@@ -17,12 +17,20 @@ endpoint, with a price:
 * `call_expert(expert)` (only when listed in `tool_names`): the chosen LLM gets the context and the problem and
   returns advice, which joins the context as a note.
 
-Task dict: `{"id", "question", "answer"?, "alias_map"?, "allowed_doc_ids"?, "preference_text"?}`.
+Task dict: `{"id", "question", "answer"?, "alias_map"?, "tools"?, "allowed_doc_ids"?, "preference_text"?}`.
 
 Remapping. A task's `alias_map` (`{alias: {model?, price_in?, price_out?, latency_s?, base_url?, ...}}` or
 `{alias: "model"}`) is applied with `Catalog.remap` for that episode only: the tool schemas the orchestrator
 sees (prices in the descriptions) and the endpoint, model and price of each call follow it. A bad map raises
 `CatalogError` from `new_episode` (a data error, not the model's).
+
+Offered tools. A task's non-empty `tools` (the training record's field: the aliases this sample offers) restricts
+the episode's catalog with `Catalog.offer`, after the remap: each tool's enum shows only the offered aliases, a
+tool with none left is not offered at all, and a call naming anything else is an unknown tool or alias (the
+usual "Error: ..." result, no request). Listed aliases of tools this environment does not run (e.g. `expert-1`
+without "call_expert" in `tool_names`) are accepted and have no effect. Names that are not catalog aliases raise
+`UnknownAliasError`, and a list that leaves `answer` without an alias raises `QAEnvError` (such an episode
+could never end), both from `new_episode`. Empty or absent `tools`: everything is offered.
 
 Errors never raise out of `Episode.call`. Unknown tool or alias, bad arguments, `answer` before any document
 when the catalog sets `require_document_before_answer`, an endpoint that refuses, answers 5xx, sends
@@ -66,7 +74,7 @@ from orchestra_jax.errors import UserError
 from orchestra_jax.rollout.chat_format import ToolCall
 from orchestra_jax.rollout.environment import Episode, ToolEnvironment, ToolResult
 from orchestra_jax.rollout.trajectory import ToolCallRecord
-from orchestra_jax.tools.catalog import QA_TOOLS, Backend, Catalog, InvalidToolCall, ResolvedCall
+from orchestra_jax.tools.catalog import QA_TOOLS, Backend, Catalog, InvalidToolCall, ResolvedCall, UnknownAliasError
 from orchestra_jax.tools.ledger import Ledger
 from orchestra_jax.tools.llm_client import ChatClient, ChatResult
 from orchestra_jax.tools.sandbox import SandboxConfig, run_python
@@ -74,7 +82,7 @@ from orchestra_jax.tools.sandbox import SandboxConfig, run_python
 log = logging.getLogger(__name__)
 
 __all__ = ["QAEnvironment", "QAEpisode", "ExpertClients", "ExpertReply", "QAEnvError", "extract_query",
-           "extract_code", "extract_answer", "strip_thinking", "cut_left", "record_call",
+           "extract_code", "extract_answer", "strip_thinking", "cut_left", "record_call", "offer_tools",
            "DEFAULT_SYSTEM_PROMPT", "SEARCH_INSTRUCTION", "CODE_INSTRUCTION", "ANSWER_INSTRUCTION",
            "EXPERT_INSTRUCTION"]
 
@@ -267,6 +275,26 @@ def record_call(ledger: Ledger, rollout: Any, name: str, arguments: Any, *, cont
                         tokens_in=prompt_tokens, tokens_out=completion_tokens)
 
 
+def offer_tools(catalog: Catalog, tools: Any, task_id: Any, *, own_tools: Sequence[str] = (),
+                own_label: str = "") -> tuple[Catalog, list[str]]:
+  """A task's `tools` field applied: (`catalog.offer` of the listed aliases, the listed names of `own_tools`).
+
+  `own_tools`: names that are legitimately not aliases (a tau2 domain's tools; `own_label` says whose, for the
+  error). Any other name that is not an alias of `catalog` raises UnknownAliasError naming the task. Shared by
+  QAEnvironment and Tau2Environment; callers skip it for an empty list ("everything is offered")."""
+  if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence) \
+      or not all(isinstance(t, str) and t for t in tools):
+    raise QAEnvError(f"task {task_id!r}: 'tools' must be a list of alias names, got {tools!r}")
+  own = set(own_tools)
+  unknown = [t for t in tools if t not in catalog and t not in own]
+  if unknown:
+    what = f"catalog aliases or {own_label}" if own_label else "aliases of the catalog"
+    raise UnknownAliasError(f"task {task_id!r}: 'tools' lists {', '.join(map(repr, unknown))}, which are not "
+                            f"{what} ({catalog.source}; aliases: {', '.join(catalog.aliases)})")
+  listed_own = [t for t in tools if t in own and t not in catalog]
+  return catalog.offer([t for t in tools if t in catalog]), listed_own
+
+
 # --- the environment -------------------------------------------------------------------------------------
 def _positive_int(name: str, value: Any) -> int:
   if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -349,6 +377,11 @@ class QAEnvironment(ToolEnvironment):
     catalog = self.catalog
     if task.get("alias_map"):
       catalog = catalog.remap(task["alias_map"])
+    if task.get("tools"):  # remap first: the map may name aliases this sample does not offer
+      catalog, _ = offer_tools(catalog, task["tools"], task.get("id"))
+      if "answer" in self.tool_names and "answer" not in catalog.tools:
+        raise QAEnvError(f"task {task.get('id')!r}: 'tools' offers no alias of answer "
+                         f"({', '.join(self.catalog.tool('answer').aliases)}), so an episode could never end")
     allowed = task.get("allowed_doc_ids")
     if allowed is not None:
       if isinstance(allowed, (str, bytes)) or not isinstance(allowed, Iterable):
@@ -374,6 +407,8 @@ class QAEpisode(Episode):
     self.env = env
     self.task = task
     self.catalog = catalog
+    # the environment's tools that this task's catalog still offers (`Catalog.offer` drops a tool without aliases)
+    self.tool_names = tuple(n for n in env.tool_names if n in catalog.tools)
     self.rollout_id = rollout_id
     self.allowed_doc_ids = allowed_doc_ids
     self.question: str = task["question"]
@@ -399,7 +434,7 @@ class QAEpisode(Episode):
             {"role": "user", "content": f"Problem: {self.question}\n\n{CHOOSE_TOOL}"}]
 
   def tools(self) -> list[dict[str, Any]]:
-    return self.catalog.tool_schemas(self.env.tool_names)
+    return self.catalog.tool_schemas(self.tool_names)
 
   def _who(self, alias: str, backend: Backend) -> str:
     return f"{alias} ({backend.model})" if self.catalog.show_model_names else alias
@@ -465,7 +500,7 @@ class QAEpisode(Episode):
       if finished:
         raise InvalidToolCall(f"the episode is over: answer was already given ({_short(self.final_answer or '')!r})")
       resolved = self.catalog.parse_call(name, arguments, documents_seen=docs_seen,
-                                         allowed_tools=self.env.tool_names)
+                                         allowed_tools=self.tool_names)
     except InvalidToolCall as e:
       return self._invalid(call, str(e), start)
     except Exception as e:  # catalog bug: still never raise into the loop

@@ -36,10 +36,10 @@ id may also be given as "task_id"), a full tau2 task JSON dict (with "user_scena
 
 Offered tools. A non-empty `tools` (the training record's field) lists catalog aliases and domain tool names.
 The aliases restrict the catalog (`Catalog.offer`, after the `alias_map` remap): `call_expert`'s enum shows only
-the listed experts, and with none listed `call_expert` is not offered at all (an explicit list is the whole
-offer). The domain tools listed are the ones the orchestrator sees and that run, for it and for a delegated
-expert alike; a list that names no domain tool keeps all of them (`data.converters.convert_tau2` lists all, and
-an aliases-only list must not leave a task unsolvable). `send_message_to_user` is always offered. Unknown names
+the listed experts. The domain tools listed are the ones the orchestrator sees and that run, for it and for a
+delegated expert alike. Each half restricts only when present: a list that names no alias keeps every expert
+(`data.converters.convert_tau2` lists only the domain's tools), and one that names no domain tool keeps all of
+them (an aliases-only list must not leave a task unsolvable). `send_message_to_user` is always offered. Unknown names
 raise `UnknownAliasError` from `new_episode`; calls to tools not offered get an "Error: ..." result.
 The user simulator comes from `user_simulator_factory(task)`, called once per episode (simulators keep state).
 
@@ -215,9 +215,11 @@ class Tau2Environment(ToolEnvironment):
     catalog = self.catalog.remap(options["alias_map"]) if options.get("alias_map") else self.catalog
     domain_tools = None
     if options.get("tools"):  # remap first: the map may name aliases this sample does not offer
-      catalog, listed = offer_tools(catalog, options["tools"], options.get("id", options.get("task_id")),
+      offered, listed = offer_tools(catalog, options["tools"], options.get("id", options.get("task_id")),
                                     own_tools=self.domain.tool_names, own_label=f"tools of domain {self.domain.name}")
-      domain_tools = listed or None  # none listed: all of them (see the module docstring)
+      if any(t in catalog for t in options["tools"]):  # no alias listed: every expert (see the module docstring)
+        catalog = offered
+      domain_tools = listed or None  # no domain tool listed: all of them
     preference = options.get("preference_text") if isinstance(options.get("preference_text"), str) else None
     return Tau2Episode(self, tau2_task, catalog, rollout_id, self.user_simulator_factory(tau2_task), preference,
                        domain_tools=domain_tools)
