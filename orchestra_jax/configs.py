@@ -178,7 +178,7 @@ def _parse(key: str, text: str, old: Any) -> Any:
     return text
   if isinstance(old, (tuple, list)):
     kind = type(old).__name__
-    if stripped[:1] in "([":
+    if stripped and stripped[:1] in "([":  # "" means empty (and "" is in every string)
       try:
         value = ast.literal_eval(stripped)
       except (ValueError, SyntaxError):

@@ -32,3 +32,16 @@ def hf_dirs(tmp_path_factory):
 def highest_precision():
   with jax.default_matmul_precision("highest"):
     yield
+
+
+@pytest.fixture(scope="session")
+def synth_bank_dir(tmp_path_factory):
+  """A domain directory written by a real `orchestra synth` run against the scripted LLM of tests/test_synth.py."""
+  from orchestra_jax import cli
+  from orchestra_jax.tools.scripted_server import ScriptedServer
+  from test_synth import MODEL, _script
+  out = tmp_path_factory.mktemp("synth") / "bank"
+  with ScriptedServer(_script()) as srv:
+    assert cli.main(["synth", "--endpoint", srv.base_url + "/v1", "--model", MODEL, "--domain", "bank", "--out",
+                     str(out), "--num-tasks", "7", "--seed", "3", "--rows-per-table", "4", "--max-retries", "1"]) == 0
+  return out

@@ -21,7 +21,7 @@ def _error(overrides, path=TINY) -> str:
   return message
 
 
-@pytest.mark.parametrize("path, preset", [(TINY, tiny), (BIG, lambda: qwen3_8b(remat="full"))])
+@pytest.mark.parametrize("path, preset", [(TINY, tiny), (BIG, lambda: qwen3_8b(remat="full", param_dtype="float32", dtype="bfloat16"))])
 def test_config_files_load(path, preset):
   cfg = load_config(path, [])
   assert isinstance(cfg, ml_collections.ConfigDict)

@@ -122,14 +122,8 @@ def test_exclude_ids_then_limit(tmp_path, frames20, capsys):
 
 # --- toolscale (a domain synthesised by `orchestra synth` against the scripted LLM of tests/test_synth.py) ---------
 @pytest.fixture(scope="module")
-def bank_dir(tmp_path_factory):
-  from test_synth import MODEL, _script
-  from orchestra_jax.tools.scripted_server import ScriptedServer
-  out = tmp_path_factory.mktemp("synth") / "bank"
-  with ScriptedServer(_script()) as srv:
-    assert cli.main(["synth", "--endpoint", srv.base_url + "/v1", "--model", MODEL, "--domain", "bank", "--out",
-                     str(out), "--num-tasks", "7", "--seed", "3", "--rows-per-table", "4", "--max-retries", "1"]) == 0
-  return out
+def bank_dir(synth_bank_dir):
+  return synth_bank_dir
 
 
 def test_toolscale_records_find_their_domain_from_any_folder(tmp_path, bank_dir, capsys, monkeypatch):

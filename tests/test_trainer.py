@@ -86,3 +86,30 @@ def test_bad_config_is_one_line(tmp_path, override, needle):
   assert proc.returncode == 2
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
   assert len(lines) == 1 and needle in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_bf16_checkpoint_starts_an_f32_master_weights_run(tmp_path):
+  """A bf16 checkpoint (as Qwen3-8B ships) initialises a run configured with f32 params: cast up, values kept;
+  a checkpoint of another architecture is refused naming the fields that differ."""
+  import jax
+  import jax.numpy as jnp
+  from orchestra_jax import checkpoint, trainer
+  from orchestra_jax.configs import ConfigFileError, load_config
+  from orchestra_jax.model import qwen3
+  from orchestra_jax.model.config import tiny
+
+  bf16 = tiny(num_layers=1, embed_dim=32, mlp_dim=64, num_heads=2, num_kv_heads=1, head_dim=16,
+              param_dtype="bfloat16", dtype="bfloat16")
+  params = qwen3.init_params(bf16, jax.random.key(1))
+  checkpoint.save_model(tmp_path / "ckpt", bf16, params)
+  fields = [f"--config.model.{k}={v}" for k, v in bf16.to_dict().items() if k not in ("param_dtype", "dtype")]
+  cfg = load_config("configs/demo.py", [*fields, "--config.model.param_dtype=float32", "--config.model.dtype=bfloat16",
+                                        f"--config.init_checkpoint={tmp_path / 'ckpt'}",
+                                        f"--config.workdir={tmp_path / 'run'}"])
+  loaded = trainer.Trainer(cfg, quiet=True)._initial_params()
+  for got, want in zip(jax.tree.leaves(loaded), jax.tree.leaves(params)):
+    assert got.dtype == jnp.float32 and bool((got == want.astype(jnp.float32)).all())
+  cfg = load_config("configs/demo.py", [*fields, "--config.model.mlp_dim=128", f"--config.workdir={tmp_path / 'x'}",
+                                        f"--config.init_checkpoint={tmp_path / 'ckpt'}"])
+  with pytest.raises(ConfigFileError, match=r"differs in mlp_dim\)"):
+    trainer.Trainer(cfg, quiet=True)._initial_params()
