@@ -17,7 +17,7 @@ _EPILOG = textwrap.dedent("""\
       orchestra init-random --config configs/tiny.py --out runs/tiny
       orchestra generate --model runs/tiny --prompt "What is 17 * 23?" --chat
       orchestra convert hf-to-jax ~/Qwen3-8B runs/qwen3-8b
-      orchestra convert jax-to-hf runs/qwen3-8b exports/qwen3-8b --max-shard-size 5GB
+      orchestra convert jax-to-hf runs/qwen3-8b exports/qwen3-8b --max-shard-size 5GB --dtype bfloat16
     """)
 
 
@@ -48,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
   j2h.add_argument("out_dir", metavar="OUT_DIR", help="output directory for safetensors shards, config and tokenizer")
   j2h.add_argument("--max-shard-size", default="5GB",
                    help="largest safetensors shard, e.g. 5GB, 500MB, 2GiB or bytes (default: 5GB)")
+  j2h.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="dtype of the exported weights and of config.json's dtype/torch_dtype (default: the "
+                        "checkpoint's param_dtype). Use bfloat16 to serve a run trained with float32 master "
+                        "weights (model.param_dtype=float32) in vLLM at half the size; each weight is rounded "
+                        "to the nearest value of that dtype")
 
   # generate
   gen = sub.add_parser("generate", help="generate text from a checkpoint or HF directory",
@@ -81,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
   from orchestra_jax.synth.cli import add_synth_parser
   add_synth_parser(sub)
 
+  from orchestra_jax.data.cli import add_data_parser
+  add_data_parser(sub)
+
   from orchestra_jax.evaluate import add_eval_parser
   add_eval_parser(sub)
   return parser
@@ -91,7 +99,7 @@ def _cmd_convert(args) -> None:
   if args.direction == "hf-to-jax":
     out = convert.hf_to_jax(args.hf_dir, args.out_dir, param_dtype=args.param_dtype)
   else:
-    out = convert.jax_to_hf(args.ckpt_dir, args.out_dir, max_shard_size=args.max_shard_size)
+    out = convert.jax_to_hf(args.ckpt_dir, args.out_dir, max_shard_size=args.max_shard_size, dtype=args.dtype)
   print(f"wrote {out}")
 
 
@@ -170,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "synth":
       from orchestra_jax.synth.cli import run_synth
       run_synth(args)
+    elif args.command == "data":
+      from orchestra_jax.data.cli import run_data
+      run_data(args)
   except UserError as e:
     print(f"orchestra: error: {e}", file=sys.stderr)
     return 2

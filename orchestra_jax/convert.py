@@ -220,11 +220,23 @@ def generation_config(config: ModelConfig) -> dict[str, Any]:
           "pad_token_id": config.pad_token_id, "transformers_version": transformers.__version__}
 
 
+EXPORT_DTYPES = ("float32", "bfloat16", "float16")
+
+
 def export_hf(params: Any, config: ModelConfig, out_dir: str | os.PathLike, max_shard_size: str | int = "5GB",
-              tokenizer_dir: str | None = None) -> Path:
-  """Writes an HF/vLLM-loadable directory. Peak extra memory: one shard."""
+              tokenizer_dir: str | None = None, dtype: str | None = None) -> Path:
+  """Writes an HF/vLLM-loadable directory. Peak extra memory: one shard.
+
+  `dtype` (default: config.param_dtype) is the dtype of the written tensors and of config.json's dtype /
+  torch_dtype, e.g. bfloat16 for a run trained with float32 master weights. Each tensor is cast as it is written
+  (round to nearest even, as `jnp.astype` does), so the full params are never held twice.
+  """
   from safetensors.numpy import save_file
 
+  if dtype is not None:
+    if dtype not in EXPORT_DTYPES:
+      raise ConversionError(f"export dtype must be one of {', '.join(EXPORT_DTYPES)}, got {dtype!r}")
+    config = config.replace(param_dtype=dtype)  # what config.json, the shard plan and the tensors follow
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   shards = plan_shards(config, parse_size(max_shard_size))
@@ -236,9 +248,13 @@ def export_hf(params: Any, config: ModelConfig, out_dir: str | os.PathLike, max_
     if shard != current:
       save_file(buffer, str(out / file_names[current]), metadata={"format": "pt"})
       buffer, current = {}, shard
-    buffer[name] = tensor.astype(config.jnp_param_dtype, copy=False)
+    with np.errstate(over="ignore"):  # float16 overflow is reported below, as one line
+      cast = tensor.astype(config.jnp_param_dtype, copy=False)
+    if cast.dtype == np.float16 and tensor.dtype != np.float16 and (~np.isfinite(cast) & np.isfinite(tensor)).any():
+      raise ConversionError(f"tensor {name} has values beyond float16's range (65504); export float32 or bfloat16")
+    buffer[name] = cast
     weight_map[name] = file_names[shard]
-    total += tensor.nbytes
+    total += cast.nbytes  # bytes as written, in the export dtype
   save_file(buffer, str(out / file_names[current]), metadata={"format": "pt"})
   index = {"metadata": {"total_size": total}, "weight_map": weight_map}
   (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
@@ -249,12 +265,15 @@ def export_hf(params: Any, config: ModelConfig, out_dir: str | os.PathLike, max_
   return out
 
 
-def jax_to_hf(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike, max_shard_size: str | int = "5GB") -> Path:
-  """`orchestra convert jax-to-hf`: our checkpoint -> safetensors shards + config for transformers / vLLM."""
+def jax_to_hf(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike, max_shard_size: str | int = "5GB",
+              dtype: str | None = None) -> Path:
+  """`orchestra convert jax-to-hf`: our checkpoint -> safetensors shards + config for transformers / vLLM.
+
+  `dtype`: of the exported weights (default: the checkpoint's param_dtype); see `export_hf`."""
   ckpt_dir = Path(ckpt_dir)
   if not checkpoint.is_orchestra_checkpoint(ckpt_dir):
     raise ConversionError(
         f"{ckpt_dir} is not an orchestra checkpoint (needs {checkpoint.MODEL_CONFIG_FILE} and {checkpoint.PARAMS_DIR}/)")
   config = checkpoint.read_model_config(ckpt_dir)
   params = checkpoint.restore_params(ckpt_dir, config)
-  return export_hf(params, config, out_dir, max_shard_size, tokenizer_dir=str(ckpt_dir))
+  return export_hf(params, config, out_dir, max_shard_size, tokenizer_dir=str(ckpt_dir), dtype=dtype)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -103,6 +104,10 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     raise config_lib.ConfigFileError(
         "bad value for config key 'train.old_logprobs': 'sampler' log-probs equal the policy's only at "
         "rollout.temperature=1 without top-p/top-k; use 'recompute'")
+  from orchestra_jax.rl.optimizer import precision_problem
+  problem = precision_problem(cfg.model.param_dtype, cfg.train.learning_rate)
+  if problem:
+    raise config_lib.ConfigFileError(problem)
   if cfg.train.mini_batch_size % cfg.train.grad_accum_steps:
     raise config_lib.ConfigFileError(
         "bad value for config key 'train.grad_accum_steps': must divide train.mini_batch_size")
@@ -403,7 +408,11 @@ class Trainer:
         start = latest
         if self.is_main:
           print(f"resuming from checkpoint step {latest} in {self.workdir / 'checkpoints'}", file=sys.stderr)
-      ref_params = model_ckpt.restore_params(ref_dir, self.model_config, self.sharding)
+      # The frozen reference only runs forward passes, which cast weights to model.dtype anyway: keep it in that
+      # dtype (half the memory with f32 master weights; bit-identical log-probs).
+      from orchestra_jax.rollout.sampler import compute_params
+      ref_params = jax.jit(functools.partial(compute_params, self.model_config))(
+          model_ckpt.restore_params(ref_dir, self.model_config, self.sharding))
       sampler = Sampler(self.model_config, state.params, max_len=cfg.rollout.max_len,
                         batch_size=cfg.rollout.batch_size, sharding=self.sharding, chunk_steps=cfg.rollout.chunk_steps)
       if start == 0:

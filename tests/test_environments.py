@@ -83,6 +83,13 @@ def test_bad_env_settings_are_one_line(override, needle):
   assert needle in str(info.value) and "\n" not in str(info.value)
 
 
+def test_bf16_weights_at_the_papers_learning_rate_are_refused():
+  cfg = load_config(BIG, ["--config.model.param_dtype=bfloat16"])
+  with pytest.raises(ConfigFileError, match="model.param_dtype=bfloat16 cannot hold AdamW updates"):
+    trainer.validate(cfg)
+  trainer.validate(load_config(BIG, ["--config.model.param_dtype=bfloat16", "--config.train.learning_rate=1e-3"]))
+
+
 def test_env_section_must_be_complete_and_keys_known():
   import ml_collections
   cfg = load_config(BIG)

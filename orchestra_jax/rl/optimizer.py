@@ -4,6 +4,7 @@ global-norm gradient clip of 1.0. Weight decay applies to every parameter, as to
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import optax
 
@@ -32,3 +33,35 @@ def make_optimizer(config: OptimizerConfig = OptimizerConfig()) -> optax.Gradien
   if config.grad_clip_norm is None:
     return adamw
   return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), adamw)
+
+
+# --- precision check ---------------------------------------------------------------------------------
+
+# Explicit mantissa bits of the half-precision storage dtypes (bfloat16: 8 exponent / 7 mantissa bits, float16:
+# 5 / 10). float32 (23 bits) resolves updates down to ~1e-9 relative, far below any useful learning rate.
+_MANTISSA_BITS = {"bfloat16": 7, "float16": 10}
+# A typical weight magnitude: the init std of Qwen3's matrices (HF's initializer_range, and ours). Larger weights
+# (norm scales ~1) have a coarser grid and lose even bigger updates; smaller ones keep more.
+TYPICAL_WEIGHT = 0.02
+
+
+def precision_problem(param_dtype: str, learning_rate: float) -> str | None:
+  """A one-line message when params stored in `param_dtype` cannot absorb AdamW steps of `learning_rate`, else None.
+
+  Why this threshold: AdamW moves each weight by about learning_rate per step (m / sqrt(v) is ~1 for a consistent
+  gradient, smaller for a noisy one; weight decay adds only lr * 0.01 * |w|). `apply_updates` adds the update in
+  the param dtype and rounds to nearest, so an update smaller than half the spacing (ulp) between representable
+  values next to the weight rounds back to the weight itself: the step is silently lost. For bfloat16 at
+  |w| = 0.02 the ulp is 2**-13 = 1.2e-4, so any learning rate under 6.1e-5 leaves typical weights unchanged
+  (DESIGN's 1e-6 is 60x under). Weights smaller than TYPICAL_WEIGHT still move, which is why it is easy to miss.
+  """
+  bits = _MANTISSA_BITS.get(param_dtype)
+  if bits is None or not learning_rate > 0:
+    return None
+  ulp = 2.0 ** (math.floor(math.log2(TYPICAL_WEIGHT)) - bits)  # spacing of param_dtype values around 0.02
+  if learning_rate >= ulp / 2:
+    return None
+  return (f"model.param_dtype={param_dtype} cannot hold AdamW updates of train.learning_rate={learning_rate:g}: "
+          f"a {param_dtype} weight of magnitude {TYPICAL_WEIGHT} only moves in steps of {ulp:.1e}, so updates "
+          f"under {ulp / 2:.1e} round away and most weights never change; set model.param_dtype=float32, which "
+          "keeps float32 master weights while matmuls stay in model.dtype")

@@ -297,6 +297,46 @@ def decode_chunk(config: ModelConfig, sharding: ShardingConfig | None, params, c
   return cache, state, out_tok, out_lp
 
 
+# --- compute-dtype weights -----------------------------------------------------------------------------
+
+def _cast_at_use(path) -> bool:
+  """Whether the model casts this param to `config.dtype` before using it: every weight but RMSNorm scales.
+
+  qwen3.RMSNorm computes `scale * normed` in the promoted dtype (float32 for a float32 scale), so a scale rounded
+  to bfloat16 would change the result; the other weights (embedding, projections, LM head) enter only through
+  `.astype(config.dtype)`, so rounding them beforehand is the same rounding done earlier. Norm scales are
+  (2L + 1) * D + 2L * H values, nothing next to the matrices.
+  """
+  last = path[-1]
+  return getattr(last, "key", None) != "scale"
+
+
+def compute_params(config: ModelConfig, params):
+  """`params` with every float weight the model casts at use converted to `config.dtype` (traceable).
+
+  Integer or bool leaves (none today) and RMSNorm scales keep their dtype; see `_cast_at_use`. With float32
+  master weights and bfloat16 compute this halves the bytes decoding reads per step, with bit-identical outputs.
+  """
+  dt = config.jnp_dtype
+
+  def cast(path, x):
+    if jnp.issubdtype(x.dtype, jnp.floating) and _cast_at_use(path):
+      return x.astype(dt)
+    return x
+
+  return jax.tree_util.tree_map_with_path(cast, params)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_cast(config: ModelConfig, sharding: ShardingConfig | None):
+  fn = functools.partial(compute_params, config)
+  if sharding is None:
+    return jax.jit(fn)
+  # Each cast shard stays on the device of its source shard: no gather, same layout the compiled steps expect.
+  shardings = qwen3.param_shardings(config, sharding)
+  return jax.jit(fn, in_shardings=(shardings,), out_shardings=shardings)
+
+
 # --- compiled variants ---------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -427,9 +467,15 @@ class Sampler:
   # --- setup ---------------------------------------------------------------------------------------
   def set_params(self, params) -> None:
     """Swaps in new weights (e.g. after an RL update). Cache rows are kept as they are: keys/values already
-    written were computed with the old weights (release or `start` the slots for fully on-policy samples)."""
+    written were computed with the old weights (release or `start` the slots for fully on-policy samples).
+
+    With float32 master weights (config.param_dtype != config.dtype) the sampler holds its own copy cast by
+    `compute_params` (sharded like the params), so decoding reads half the bytes; its outputs are bit-identical
+    to decoding with `params` themselves. Otherwise it holds `params` as given (no copy)."""
     if self._shard is not None:
       params = jax.device_put(params, self._shard.params)
+    if self.config.param_dtype != self.config.dtype:
+      params = _compiled_cast(self.config, self.sharding)(params)
     self.params = params
 
   def _put(self, tree, kind: str):
