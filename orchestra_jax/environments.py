@@ -39,9 +39,13 @@ from orchestra_jax import configs as config_lib
 from orchestra_jax.errors import UserError
 from orchestra_jax.rollout.environment import Episode, ToolEnvironment
 
-__all__ = ["EnvSetup", "ENVIRONMENTS", "DATA_ENV_DEFAULTS", "RecordEnvironment", "demo_environment",
+__all__ = ["EnvSetup", "GradingUnavailable", "ENVIRONMENTS", "DATA_ENV_DEFAULTS", "RecordEnvironment", "demo_environment",
            "data_environment", "data_env_config", "validate_env", "load_task_records", "eval_group",
            "parse_preference"]
+
+
+class GradingUnavailable(UserError):
+  """A grader (the LLM judge) failed after its retries; the message names the endpoint and the record."""
 
 
 @dataclasses.dataclass
@@ -200,7 +204,7 @@ def parse_preference(text: str, key: str = "env.default_preference") -> dict[str
 @contextlib.contextmanager
 def data_environment(cfg: ml_collections.ConfigDict):
   from orchestra_jax.data.preferences import preference_array
-  from orchestra_jax.evaluate import LLMJudge, grade_answer
+  from orchestra_jax.evaluate import JudgeUnavailable, LLMJudge, grade_answer
   from orchestra_jax.tools.catalog import Catalog
 
   e = cfg.env
@@ -269,7 +273,12 @@ def data_environment(cfg: ml_collections.ConfigDict):
 
     def grade(task: Mapping[str, Any], traj, episode) -> float:
       if task["kind"] == "qa":
-        return float(grade_answer(task["question"], traj.final_answer, task["answer"], judge)["correct"])
+        try:
+          return float(grade_answer(task["question"], traj.final_answer, task["answer"], judge)["correct"])
+        except JudgeUnavailable as err:  # after the client's retries: grading it wrong would bias the reward
+          raise GradingUnavailable(
+              f"the judge at {e.judge_endpoint} failed on record {task['id']!r}: {err}; the run stops before "
+              "saving this step; rerun the same command to resume from the last checkpoint") from None
       # NL assertions need an LLM judge; no shipped airline/retail task has them, so they are skipped.
       return float(episode.grade_info(on_missing_judge="skip").success)
 

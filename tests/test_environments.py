@@ -15,7 +15,7 @@ from orchestra_jax import trainer
 from orchestra_jax.configs import ConfigFileError, load_config
 from orchestra_jax.data import converters, format as data_format
 from orchestra_jax.data.format import DataFormatError
-from orchestra_jax.environments import (DATA_ENV_DEFAULTS, data_env_config, data_environment, eval_group,
+from orchestra_jax.environments import (DATA_ENV_DEFAULTS, GradingUnavailable, data_env_config, data_environment, eval_group,
                                         load_task_records, parse_preference)
 from orchestra_jax.rollout.chat_format import ToolCall
 from orchestra_jax.rollout.trajectory import Trajectory
@@ -204,3 +204,23 @@ def test_toolscale_records_run_in_their_synthesised_domain(files, server, synth_
     assert domain_tools and domain_tools <= {s["function"]["name"] for s in ep.tools()}
     assert setup.grade(task, Trajectory(), ep) in (0.0, 1.0)
     assert np.isfinite(setup.preference_vector(task)).all()
+
+
+def test_a_failing_judge_stops_the_run_with_one_line(files):
+  with ScriptedServer({"*": {"default": {"answer": "<answer>Lyon</answer>"}},
+                       "judge": {"fault": "status:500"}, "user": {"default": {"answer": "Hi."}}}) as srv:
+    cfg = load_config(BIG, [f"--config.env.train_data={files / 'qa.jsonl'}", "--config.env.eval_data=",
+                            f"--config.env.catalog={files / 'catalog.json'}", "--config.env.num_eval_tasks=0",
+                            f"--config.env.judge_endpoint={srv.base_url}/v1", "--config.env.judge_model=judge",
+                            "--config.env.max_retries=0", "--config.prompts_per_step=2"])
+    with data_environment(cfg) as setup:
+      task = setup.train_tasks[0]
+      exact = Trajectory()
+      exact.final_answer = "Paris"
+      assert setup.grade(task, exact, None) == 1.0  # exact match never asks the judge
+      wrong = Trajectory()
+      wrong.final_answer = "Lyon"
+      with pytest.raises(GradingUnavailable) as info:
+        setup.grade(task, wrong, None)
+  message = str(info.value)
+  assert "\n" not in message and srv.base_url in message and repr(task["id"]) in message and "resume" in message
