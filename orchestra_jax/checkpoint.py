@@ -1,13 +1,24 @@
-"""Model checkpoints on disk: our orbax layout, HF directories, and loading either onto a mesh.
+"""Model checkpoints on disk: our orbax layout, HF directories, `orchestra train` runs, and loading any onto a mesh.
 
 Our model checkpoint directory:
     model_config.json   the ModelConfig as JSON
     params/             orbax checkpoint of the params pytree (written atomically by orbax: tmp dir + rename)
     tokenizer files     copied through (tokenizer.json, tokenizer_config.json, ...) when known
+
+An `orchestra train` workdir (orchestra_jax/trainer.py) holds a trained policy too:
+    reference/              the frozen starting model, a model checkpoint as above (its model_config.json is the
+                            run's model config)
+    checkpoints/<step>/     orbax CheckpointManager steps, items `state` (TrainState: step, params, opt_state)
+                            and `data` (iterator state); a step is written under `<step>.orbax-checkpoint-tmp-*`
+                            and renamed when complete, so only finished steps carry a plain number
+Everything that loads a model (`load_model`, `read_model_config`, `restore_params`) also takes a step directory
+`WORKDIR/checkpoints/<step>` or the workdir itself (its latest finished step); only the params are read from the
+`state` item, never the optimizer moments (twice the params' size with Adam).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -26,6 +37,10 @@ MODEL_CONFIG_FILE = "model_config.json"
 PARAMS_DIR = "params"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
                    "added_tokens.json", "tokenizer.model", "chat_template.jinja", "chat_template.json")
+# The layout `orchestra train` writes in its workdir (orchestra_jax/trainer.py: Trainer._manager, Trainer.run).
+TRAIN_CHECKPOINTS_DIR = "checkpoints"
+TRAIN_REFERENCE_DIR = "reference"
+TRAIN_STATE_ITEM = "state"
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -41,6 +56,80 @@ def is_hf_dir(path: str | os.PathLike) -> bool:
   p = Path(path)
   return (p / "config.json").is_file()
 
+
+# --- `orchestra train` workdirs --------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class TrainCheckpoint:
+  """One finished step of an `orchestra train` run: params in `path/state`, config in the workdir's reference."""
+  workdir: Path
+  step: int
+  path: Path  # WORKDIR/checkpoints/<step>
+
+  @property
+  def reference_dir(self) -> Path:
+    return self.workdir / TRAIN_REFERENCE_DIR
+
+
+def train_checkpoint_steps(workdir: str | os.PathLike) -> dict[int, Path]:
+  """step -> directory of every finished checkpoint in WORKDIR/checkpoints, oldest first.
+
+  Steps are found exactly as the trainer's CheckpointManager finds them (orbax's standard step-name format with
+  its finalization check), so in-progress `<step>.orbax-checkpoint-tmp-*` directories and stray folders are not
+  steps.
+  """
+  import orbax.checkpoint as ocp
+
+  root = Path(workdir) / TRAIN_CHECKPOINTS_DIR
+  if not root.is_dir():
+    return {}
+  found = ocp.path.step.standard_name_format().find_all(root)
+  return {m.step: Path(m.path) for m in sorted(found, key=lambda m: m.step)}
+
+
+def _is_train_workdir(path: Path) -> bool:
+  return (path / TRAIN_CHECKPOINTS_DIR).is_dir() or (path / TRAIN_REFERENCE_DIR).is_dir()
+
+
+def find_train_checkpoint(path: str | os.PathLike) -> TrainCheckpoint | None:
+  """The trainer step `path` names: WORKDIR/checkpoints/<step>, or WORKDIR (or WORKDIR/checkpoints) for its latest.
+
+  None when `path` is no part of a trainer workdir (a model checkpoint, an HF directory, anything else).
+  Raises CheckpointError, one line, for a trainer path that cannot be loaded: a step that is missing or unfinished
+  (naming the available ones), a workdir without a finished checkpoint, or no reference/model_config.json.
+  """
+  p = Path(path).absolute()
+  if is_orchestra_checkpoint(p) or is_hf_dir(p):
+    return None
+  if p.name == TRAIN_CHECKPOINTS_DIR and (p.parent / TRAIN_REFERENCE_DIR).is_dir():
+    p = p.parent  # WORKDIR/checkpoints means the run, as WORKDIR does
+  # A step dir by its place; the state item or the run's reference tell it from any folder named `checkpoints`.
+  workdir = p.parent.parent
+  step_like = (p / TRAIN_STATE_ITEM).is_dir() or (workdir / TRAIN_REFERENCE_DIR).is_dir()
+  if p.parent.name == TRAIN_CHECKPOINTS_DIR and step_like:
+    steps = train_checkpoint_steps(workdir)
+    chosen = [s for s, d in steps.items() if d.name == p.name]
+    if not chosen:
+      available = ", ".join(map(str, steps)) or "none"
+      what = "is not a finished checkpoint step" if p.exists() else "does not exist"
+      raise CheckpointError(f"{p} {what}; finished steps in {workdir / TRAIN_CHECKPOINTS_DIR}: {available}")
+    found = TrainCheckpoint(workdir, chosen[0], steps[chosen[0]])
+  elif p.is_dir() and _is_train_workdir(p):
+    steps = train_checkpoint_steps(p)
+    if not steps:
+      raise CheckpointError(f"{p} is an orchestra train workdir without a finished checkpoint in "
+                            f"{p / TRAIN_CHECKPOINTS_DIR}; train until one is saved (config key checkpoint_every)")
+    latest = max(steps)
+    found = TrainCheckpoint(p, latest, steps[latest])
+  else:
+    return None
+  if not (found.reference_dir / MODEL_CONFIG_FILE).is_file():
+    raise CheckpointError(f"{found.reference_dir / MODEL_CONFIG_FILE} is missing: the trainer writes the run's model "
+                          f"config there, and {found.path} cannot be read without it")
+  return found
+
+
+# --- save and load -------------------------------------------------------------------------------------
 
 def copy_tokenizer_files(src: str | os.PathLike, dst: str | os.PathLike) -> list[str]:
   """Copies the tokenizer files found in `src` to `dst`; returns their names."""
@@ -72,7 +161,11 @@ def save_model(path: str | os.PathLike, config: ModelConfig, params: Any, tokeni
 
 
 def read_model_config(path: str | os.PathLike) -> ModelConfig:
+  """The ModelConfig of a model checkpoint, an HF directory or a trainer workdir / step (its reference's)."""
   p = Path(path)
+  found = find_train_checkpoint(p)
+  if found:
+    p = found.reference_dir
   if not p.exists():
     raise CheckpointError(f"model directory {p} does not exist")
   if (p / MODEL_CONFIG_FILE).is_file():
@@ -83,22 +176,68 @@ def read_model_config(path: str | os.PathLike) -> ModelConfig:
     except json.JSONDecodeError as e:
       raise CheckpointError(f"{p / 'config.json'} is not valid JSON: {e}") from None
     return ModelConfig.from_hf_config(hf)
-  raise CheckpointError(f"{p} holds neither {MODEL_CONFIG_FILE} (orchestra checkpoint) nor config.json (HF model)")
+  raise CheckpointError(f"{p} holds neither {MODEL_CONFIG_FILE} (orchestra checkpoint), config.json (HF model) nor "
+                        f"{TRAIN_CHECKPOINTS_DIR}/ (orchestra train workdir)")
+
+
+def _params_target(config: ModelConfig, sharding: ShardingConfig | None):
+  """Abstract params to restore onto: with the mesh's shardings, else on the first device."""
+  if sharding is None:
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
+                        qwen3.abstract_params(config))
+  return qwen3.abstract_params(config, sharding)
+
+
+def _leaf_shapes(tree) -> dict[str, tuple[int, ...]]:
+  """Dotted leaf name (e.g. layers.attn.q_proj) -> shape, for arrays, ShapeDtypeStructs or orbax metadata."""
+  return {".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): tuple(leaf.shape)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _restore_train_params(found: TrainCheckpoint, config: ModelConfig, sharding: ShardingConfig | None):
+  """The params of a trainer step, read out of its TrainState without touching step or optimizer state."""
+  import orbax.checkpoint as ocp
+
+  state_dir = found.path / TRAIN_STATE_ITEM
+  if not state_dir.is_dir():
+    raise CheckpointError(f"trainer checkpoint {found.path} has no {TRAIN_STATE_ITEM}/ item")
+  target = {"params": _params_target(config, sharding)}
+  where = f"checkpoint {state_dir} does not match the model config ({found.reference_dir / MODEL_CONFIG_FILE})"
+  with ocp.PyTreeCheckpointer() as ckptr:
+    # partial_restore leaves keys the target lacks unread, and hands back the target's ShapeDtypeStruct for keys
+    # the checkpoint lacks; a shape mismatch fails mid-restore with pending reads. So compare names and shapes
+    # with the metadata first: a config that does not fit fails here, in one line.
+    stored = ckptr.metadata(state_dir).item_metadata.tree.get("params")
+    if stored is None:
+      raise CheckpointError(f"{where}: it holds no params")
+    want, have = _leaf_shapes(target["params"]), _leaf_shapes(stored)
+    diff = {"missing": sorted(set(want) - set(have)), "unexpected": sorted(set(have) - set(want)),
+            "of another shape": [f"{k} {have[k]} (config: {want[k]})" for k in sorted(set(want) & set(have))
+                                 if want[k] != have[k]]}
+    if any(diff.values()):
+      raise CheckpointError(f"{where}: params " + "; ".join(f"{what} {', '.join(names[:3])}"
+                                                             for what, names in diff.items() if names))
+    try:
+      restored = ckptr.restore(state_dir, args=ocp.args.PyTreeRestore(
+          item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True))
+    except (ValueError, KeyError) as e:
+      raise CheckpointError(f"{where}: {str(e).strip().splitlines()[0]}") from None
+  return restored["params"]
 
 
 def restore_params(path: str | os.PathLike, config: ModelConfig, sharding: ShardingConfig | None = None):
-  """Restores our orbax params; with `sharding`, each array is placed on the mesh as it loads."""
+  """Restores our orbax params (a model checkpoint, or a trainer workdir / step); with `sharding`, each array is
+  placed on the mesh as it loads."""
   import orbax.checkpoint as ocp
 
+  found = find_train_checkpoint(path)
+  if found:
+    return _restore_train_params(found, config, sharding)
   params_dir = Path(path).absolute() / PARAMS_DIR
   if not params_dir.is_dir():
     raise CheckpointError(f"no params checkpoint at {params_dir}")
-  if sharding is None:
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
-                          qwen3.abstract_params(config))
-  else:
-    target = qwen3.abstract_params(config, sharding)
+  target = _params_target(config, sharding)
   with ocp.StandardCheckpointer() as ckptr:
     try:
       return ckptr.restore(params_dir, target)
@@ -107,12 +246,20 @@ def restore_params(path: str | os.PathLike, config: ModelConfig, sharding: Shard
 
 
 def load_model(path: str | os.PathLike, sharding: ShardingConfig | None = None, **config_overrides):
-  """(config, params) from our checkpoint or an HF directory, optionally sharded onto a mesh."""
+  """(config, params) from our checkpoint, an HF directory, or an `orchestra train` run, optionally sharded.
+
+  A run is its workdir (the latest finished step) or one step, WORKDIR/checkpoints/<step>: the config comes from
+  WORKDIR/reference/model_config.json and only the params are read from the step's TrainState.
+  """
   from orchestra_jax import convert  # convert imports this module
 
-  config = read_model_config(path)
+  # Resolved once: a run still training may finish a newer step between reading the config and the params.
+  found = find_train_checkpoint(path)
+  config = read_model_config(found.reference_dir if found else path)
   if config_overrides:
     config = config.replace(**config_overrides)
+  if found:
+    return config, _restore_train_params(found, config, sharding)
   if is_orchestra_checkpoint(path):
     return config, restore_params(path, config, sharding)
   host_params = convert.read_hf_params(path, config)

@@ -18,6 +18,7 @@ _EPILOG = textwrap.dedent("""\
       orchestra generate --model runs/tiny --prompt "What is 17 * 23?" --chat
       orchestra convert hf-to-jax ~/Qwen3-8B runs/qwen3-8b
       orchestra convert jax-to-hf runs/qwen3-8b exports/qwen3-8b --max-shard-size 5GB --dtype bfloat16
+      orchestra convert jax-to-hf runs/demo exports/demo     # a trained run: its latest checkpoint
     """)
 
 
@@ -44,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
   h2j.add_argument("--param-dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="store weights in this dtype (default: the dtype in config.json)")
   j2h = conv_sub.add_parser("jax-to-hf", help="orchestra checkpoint -> HF directory loadable by transformers and vLLM")
-  j2h.add_argument("ckpt_dir", metavar="CKPT_DIR", help="orchestra checkpoint (model_config.json + params/)")
+  j2h.add_argument("ckpt_dir", metavar="CKPT_DIR",
+                   help="orchestra checkpoint (model_config.json + params/), or a trained policy: an orchestra train "
+                        "WORKDIR (its latest checkpoint) or WORKDIR/checkpoints/STEP")
   j2h.add_argument("out_dir", metavar="OUT_DIR", help="output directory for safetensors shards, config and tokenizer")
   j2h.add_argument("--max-shard-size", default="5GB",
                    help="largest safetensors shard, e.g. 5GB, 500MB, 2GiB or bytes (default: 5GB)")
@@ -57,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
   # generate
   gen = sub.add_parser("generate", help="generate text from a checkpoint or HF directory",
                        description="Generate a completion for one prompt (greedy when --temperature 0).")
-  gen.add_argument("--model", required=True, metavar="DIR", help="orchestra checkpoint or HF Qwen3 directory")
+  gen.add_argument("--model", required=True, metavar="DIR",
+                   help="orchestra checkpoint, HF Qwen3 directory, or orchestra train WORKDIR[/checkpoints/STEP]")
   gen.add_argument("--prompt", required=True, metavar="TEXT", help="the prompt text")
   gen.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="tokens to generate at most (default 64)")
   gen.add_argument("--temperature", type=float, default=0.0, metavar="T",
@@ -107,6 +111,7 @@ def _cmd_generate(args) -> None:
   from pathlib import Path
 
   from orchestra_jax import checkpoint, generate, tokenizer
+  checkpoint.find_train_checkpoint(args.model)  # a run's missing step: one line naming the finished ones
   if not Path(args.model).is_dir():
     raise checkpoint.CheckpointError(f"model directory {args.model} does not exist")
   tok_dir = args.tokenizer

@@ -269,11 +269,16 @@ def jax_to_hf(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike, max_shard
               dtype: str | None = None) -> Path:
   """`orchestra convert jax-to-hf`: our checkpoint -> safetensors shards + config for transformers / vLLM.
 
-  `dtype`: of the exported weights (default: the checkpoint's param_dtype); see `export_hf`."""
+  `ckpt_dir`: a model checkpoint, or a trained policy: an `orchestra train` step dir WORKDIR/checkpoints/<step> or
+  the WORKDIR (its latest step); see `checkpoint.load_model`. `dtype`: of the exported weights (default: the
+  checkpoint's param_dtype); see `export_hf`."""
   ckpt_dir = Path(ckpt_dir)
-  if not checkpoint.is_orchestra_checkpoint(ckpt_dir):
+  train = checkpoint.find_train_checkpoint(ckpt_dir)  # CheckpointError, one line, for a broken trainer path
+  if train is None and not checkpoint.is_orchestra_checkpoint(ckpt_dir):
     raise ConversionError(
-        f"{ckpt_dir} is not an orchestra checkpoint (needs {checkpoint.MODEL_CONFIG_FILE} and {checkpoint.PARAMS_DIR}/)")
-  config = checkpoint.read_model_config(ckpt_dir)
-  params = checkpoint.restore_params(ckpt_dir, config)
-  return export_hf(params, config, out_dir, max_shard_size, tokenizer_dir=str(ckpt_dir), dtype=dtype)
+        f"{ckpt_dir} is not an orchestra checkpoint (needs {checkpoint.MODEL_CONFIG_FILE} and "
+        f"{checkpoint.PARAMS_DIR}/) nor an orchestra train workdir or step (WORKDIR/checkpoints/<step>)")
+  config, params = checkpoint.load_model(train.path if train else ckpt_dir)
+  # A run's tokenizer files, if any, sit with its model config in the reference dir.
+  tokenizer_dir = train.reference_dir if train else ckpt_dir
+  return export_hf(params, config, out_dir, max_shard_size, tokenizer_dir=str(tokenizer_dir), dtype=dtype)

@@ -862,7 +862,8 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
                  help="ml_collections config file (configs/*.py); its optional 'eval' section holds the settings "
                       "below; any field can be overridden with --config.FIELD.PATH=VALUE")
   p.add_argument("--benchmark", required=True, metavar="NAME", help=f"one of {', '.join(BENCHMARKS)}")
-  p.add_argument("--model", metavar="DIR", help="orchestrator checkpoint (or HF Qwen3 directory), run by the sampler")
+  p.add_argument("--model", metavar="DIR", help="orchestrator checkpoint (or HF Qwen3 directory, or orchestra train "
+                                                 "WORKDIR[/checkpoints/STEP]), run by the sampler")
   p.add_argument("--orchestrator-endpoint", metavar="URL",
                  help="OpenAI-compatible endpoint of an orchestrator model (instead of --model), for baselines")
   p.add_argument("--orchestrator-model", metavar="NAME", help="model name to send to --orchestrator-endpoint")
@@ -921,6 +922,9 @@ def _check_args(args) -> None:
                       ("--catalog", args.catalog)):
     if value and not Path(value).is_file():
       raise EvalError(f"{flag} {value}: file not found")
+  if args.model:
+    from orchestra_jax.checkpoint import find_train_checkpoint
+    find_train_checkpoint(args.model)  # a run's missing step: one line naming the finished ones
   if args.model and not Path(args.model).is_dir():
     raise EvalError(f"--model {args.model}: model directory not found")
 

@@ -785,7 +785,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
       epilog="example:\n  orchestra serve --model runs/tiny --port 8000\n"
              "  curl -s 127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\\n"
              "    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 16}'")
-  p.add_argument("--model", required=True, metavar="DIR", help="orchestra checkpoint or HF Qwen3 directory to serve")
+  p.add_argument("--model", required=True, metavar="DIR",
+                 help="orchestra checkpoint, HF Qwen3 directory or orchestra train WORKDIR[/checkpoints/STEP] to serve")
   p.add_argument("--port", type=int, default=8000, metavar="P",
                  help="TCP port to listen on; 0 picks a free one (default 8000)")
   p.add_argument("--host", default="127.0.0.1", metavar="ADDR",
@@ -813,6 +814,7 @@ def build_server(args, log_requests: bool | None = None) -> ModelServer:
   from orchestra_jax import checkpoint, tokenizer
 
   model_dir = Path(args.model)
+  checkpoint.find_train_checkpoint(model_dir)  # a run's missing step: one line naming the finished ones
   if not model_dir.is_dir():
     raise checkpoint.CheckpointError(f"model directory {args.model} does not exist")
   if not 0 <= args.port <= 65535:

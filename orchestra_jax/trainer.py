@@ -394,7 +394,10 @@ class Trainer:
         self.metrics.rewind(-1)
         state = init_train_state(self.model_config, self._initial_params(), self.train_config, self.sharding)
         state = self._warmup(state, setup)
-        model_ckpt.save_model(ref_dir, self.model_config, state.params, tokenizer_dir=None)
+        # With the tokenizer files, so an export of any step of this run (`convert jax-to-hf WORKDIR`) ships them.
+        from orchestra_jax.tokenizer import qwen3_tokenizer_dir
+        model_ckpt.save_model(ref_dir, self.model_config, state.params,
+                              tokenizer_dir=self.cfg.tokenizer_dir or str(qwen3_tokenizer_dir()))
         self._save(manager, 0, state, iterator)
         start = 0
       else:
