@@ -2,8 +2,9 @@
 
 One RL step (DESIGN.md sections 5-6):
   1. the grain iterator yields `prompts_per_step` tasks; each is repeated `group_size` times;
-  2. the agent loop samples multi-turn trajectories with the current policy (sampler + tool environment);
-  3. outcomes are graded, the reward registry turns [tool counts, outcome, -cost, -latency] into rewards, and
+  2. the agent loop samples multi-turn trajectories with the current policy (sampler + the task family's tool
+     environment, `environments.ENVIRONMENTS[config.env.name]`), grading each one the moment it ends;
+  3. the reward registry turns [tool counts, outcome, -cost, -latency] into rewards, and
      group advantages with the configured filters (homogeneous groups, no final answer, unparseable turns);
   4. every kept turn becomes a training sample (prompt + that turn's response, the rollout's advantage);
      old and reference log-probs are recomputed sharded; mini-batches of `mini_batch_size` give one optimizer
@@ -37,8 +38,8 @@ import numpy as np
 
 from orchestra_jax import checkpoint as model_ckpt
 from orchestra_jax import configs as config_lib
-from orchestra_jax.environments import ENVIRONMENTS, EnvSetup, validate_env
 from orchestra_jax import sharding as sharding_lib
+from orchestra_jax.environments import ENVIRONMENTS, EnvSetup, validate_env
 from orchestra_jax.errors import UserError
 from orchestra_jax.model import qwen3
 from orchestra_jax.model.config import ModelConfig
