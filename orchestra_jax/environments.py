@@ -203,7 +203,7 @@ def parse_preference(text: str, key: str = "env.default_preference") -> dict[str
 
 @contextlib.contextmanager
 def data_environment(cfg: ml_collections.ConfigDict):
-  from orchestra_jax.data.preferences import preference_array
+  from orchestra_jax.data.preferences import alias_map_to_remap, preference_array
   from orchestra_jax.evaluate import JudgeUnavailable, LLMJudge, grade_answer
   from orchestra_jax.tools.catalog import Catalog
 
@@ -226,6 +226,9 @@ def data_environment(cfg: ml_collections.ConfigDict):
     held = set(order[:e.num_eval_tasks])
     eval_tasks = [t for i, t in enumerate(tasks) if i in held]
     tasks = [t for i, t in enumerate(tasks) if i not in held]
+  for t in tasks + eval_tasks:
+    if t.get("alias_map"):  # a record names models; each must be called at the endpoint serving it
+      t["alias_map"] = alias_map_to_remap(t["alias_map"], catalog)
   if len(tasks) < cfg.prompts_per_step:
     raise config_lib.ConfigFileError(
         f"config key 'env.train_data': {len(tasks)} training records (after holding out {len(eval_tasks)} for "

@@ -970,6 +970,10 @@ def run_eval(args, config_overrides: Sequence[str] = ()) -> dict[str, Any]:
   tasks = load_tasks(args.benchmark, hle_path=args.hle_path, tasks_path=args.tasks, tau2_split=settings.tau2_split)
   if args.limit is not None:
     tasks = tasks[:args.limit]
+  from orchestra_jax.data.preferences import alias_map_to_remap
+  for t in tasks:
+    if t.get("alias_map"):  # an item names models; each must be called at the endpoint serving it
+      t["alias_map"] = alias_map_to_remap(t["alias_map"], catalog)
   label = _label(args)
   out = Path(args.out) if args.out else Path("runs") / "eval" / re.sub(r"[^A-Za-z0-9_.-]+", "_",
                                                                         f"{args.benchmark}-{label}")

@@ -224,3 +224,24 @@ def test_a_failing_judge_stops_the_run_with_one_line(files):
         setup.grade(task, wrong, None)
   message = str(info.value)
   assert "\n" not in message and srv.base_url in message and repr(task["id"]) in message and "resume" in message
+
+
+def test_a_remapped_alias_calls_the_endpoint_serving_its_new_model(files, server):
+  """Records name models (`alias_map: {answer-1: {model: M}}`); the call must go to the server the catalog lists
+  for M, not to answer-1's own endpoint with M's name."""
+  with ScriptedServer({"*": {"default": {"answer": "<answer>Rome</answer>"}}}) as other:
+    base = Catalog.load(files / "catalog.json")
+    model_4 = base.backend("answer-4").model
+    serving = [a for a, b in base.backends.items() if b.model == model_4]  # all of them move to `other`
+    base.remap({a: {"base_url": other.base_url + "/v1"} for a in serving}).save(files / "catalog2.json")
+    assert "answer-1" not in serving
+    rows = [json.loads(l) for l in (files / "qa.jsonl").read_text().splitlines()]
+    rows[0]["alias_map"] = {"answer-1": {"model": model_4, "price_in": 9.0}}
+    (files / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = _cfg(files, server, [f"--config.env.train_data={files / 'qa.jsonl'}", "--config.env.num_eval_tasks=0",
+                               f"--config.env.catalog={files / 'catalog2.json'}"])
+    with data_environment(cfg) as setup:
+      task = next(t for t in setup.train_tasks if t["id"] == "q0")
+      res = setup.env.new_episode(task, "m0").call(ToolCall(name="answer", arguments={"model": "answer-1"}, raw=""))
+    assert res.final_answer == "Rome" and res.record.model == model_4
+    assert other.received[-1]["body"]["model"] == model_4
