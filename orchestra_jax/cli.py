@@ -83,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Run the RL loop of a config; resumes from the latest checkpoint in its workdir.")
   _add_config_args(train, "configs/demo.py")
   train.add_argument("--quiet", action="store_true", help="no progress bars")
+  train.add_argument("--check", action="store_true",
+                     help="check everything the run needs without training: the config, the starting checkpoint's "
+                          "architecture (its config only), the workdir, the data (env section) and every endpoint "
+                          "the run will call (GET /v1/models: catalog backends incl. records' alias maps, the tau2 "
+                          "user simulator, the judge); prints a table; exit 0 when all pass, 2 otherwise")
 
   from orchestra_jax import serve
   serve.add_serve_parser(sub)
@@ -151,6 +156,10 @@ def _cmd_init_random(args, overrides) -> None:
 def _cmd_train(args, overrides) -> None:
   from orchestra_jax import configs, distributed
   cfg = configs.load_config(args.config, overrides)  # config errors before any JAX start-up
+  if args.check:
+    from orchestra_jax import preflight
+    print(preflight.check_or_raise(cfg))
+    return
   distributed.maybe_initialize()
   from orchestra_jax import trainer
   summary = trainer.Trainer(cfg, quiet=args.quiet).run()

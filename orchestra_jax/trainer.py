@@ -86,6 +86,14 @@ def _reward_config(cfg) -> RewardConfig:
                       std_threshold=r.std_threshold, drop_no_final_answer=r.drop_no_final_answer)
 
 
+def architecture_mismatch(checkpoint_config: ModelConfig, model_config: ModelConfig) -> list[str]:
+  """The ModelConfig fields in which a checkpoint differs from the configured model, ignoring how it is run
+  (remat, param and compute dtypes: a bf16 checkpoint starts an f32-master-weights run)."""
+  same = dict(remat=model_config.remat, param_dtype=model_config.param_dtype, dtype=model_config.dtype)
+  theirs = dataclasses.asdict(checkpoint_config.replace(**same))
+  return sorted(k for k, v in theirs.items() if getattr(model_config, k) != v)
+
+
 def validate(cfg: ml_collections.ConfigDict) -> None:
   """Config problems as one clear line each, before any work starts."""
   validate_env(cfg)
@@ -254,9 +262,8 @@ class Trainer:
       # Remat and dtypes are how we run the architecture, not the architecture: a bf16 Qwen3-8B checkpoint
       # starts an f32-master-weights run (cast up here).
       mine = self.model_config
-      same = dict(remat=mine.remat, param_dtype=mine.param_dtype, dtype=mine.dtype)
-      if config.replace(**same) != mine:
-        diff = sorted(k for k, v in dataclasses.asdict(config.replace(**same)).items() if getattr(mine, k) != v)
+      diff = architecture_mismatch(config, mine)
+      if diff:
         raise config_lib.ConfigFileError(
             f"config key 'model' does not match the checkpoint {self.cfg.init_checkpoint} (differs in "
             f"{', '.join(diff)}); copy its model_config.json")

@@ -329,6 +329,33 @@ class ChatClient:
       return self._failure(start, 0, None, f"tool endpoint {self.base_url} call failed: internal error "
                            f"({type(e).__name__})", key=key)
 
+  def probe(self) -> tuple[bool, str]:
+    """GET /v1/models once (no retries): (True, detail) when the endpoint answers, else (False, why).
+
+    Cheap enough to run before a long job. The detail says whether `model` is among the served models (vendors
+    may list only some, so a missing name is reported, not failed)."""
+    headers = {"Accept": "application/json"}
+    key = os.environ.get(self.api_key_env) if self.api_key_env else None
+    if self.api_key_env and not key:
+      return False, f"the API key variable {self.api_key_env} is not set"
+    auth = _BearerAuth(key) if key else self._auth
+    try:
+      resp = self._session.get(self.base_url + "/v1/models", headers=headers, auth=auth,
+                               timeout=(self.connect_timeout, self.connect_timeout))
+    except requests.exceptions.RequestException as e:
+      return False, self._describe_exception(e)[0]
+    if resp.status_code in (401, 403):
+      return False, f"refused the API key (HTTP {resp.status_code})"
+    if resp.status_code != 200:
+      return False, f"answered HTTP {resp.status_code}{self._error_detail(resp, key)}"
+    try:
+      served = [m.get("id") for m in resp.json().get("data", []) if isinstance(m, dict)]
+    except (ValueError, AttributeError):
+      return True, "answers, but /v1/models is not OpenAI-shaped"
+    if self.model in served:
+      return True, f"serves {self.model}"
+    return True, f"answers; {self.model} is not among its {len(served)} listed models"
+
   def _call(self, start: float, payload: bytes, headers: dict[str, str], auth, messages, key: str | None) -> ChatResult:
     attempts, status = 0, None
     while True:
