@@ -23,7 +23,9 @@ Steps (default action):
   2. Code: `git archive` of the local repository's HEAD (committed files only) copied to every worker with
      `tpu-vm scp --worker=all` and unpacked into REMOTE_DIR; or, with --repo, `git clone`/`fetch` on every worker.
   3. Install: REMOTE_DIR/.venv (python3 >= 3.11, else a uv-managed Python 3.11), `pip install -e . jax[tpu]==V`.
-  4. Train: `tpu-vm ssh NAME --worker=all --command "... orchestra train ..."`.
+  4. Check: `orchestra train ... --check` on worker 0 (config, starting checkpoint, workdir, data, every endpoint);
+     the launch stops there when a check fails, before the pod trains (skip with --no-check).
+  5. Train: `tpu-vm ssh NAME --worker=all --command "... orchestra train ..."`.
 
 Required:
   --name NAME              TPU VM (pod slice) name.
@@ -62,6 +64,7 @@ Code and install options:
 Run options:
   --detach                 start training in the background (nohup) and return; follow it with --fetch-logs.
   --kill-existing          first stop any `orchestra train` left running on the workers (it would hold the TPU).
+  --no-check               skip the pre-flight `orchestra train --check` on worker 0.
 
 Other actions (each runs alone, then exits):
   --fetch-logs             copy REMOTE_DIR/logs/worker-*.log from every worker into --logs-dir.
@@ -109,7 +112,7 @@ note() { if [[ $DRY_RUN == 1 ]]; then echo "# $*"; else echo "$PROG: $*" >&2; fi
 # Flags
 NAME="" ZONE="" PROJECT="" ACCEL="" VERSION="" CONFIG="" SPOT=0 PREEMPTIBLE=0 RECREATE=0
 REPO="" REF="" SRC="" REMOTE_DIR="orchestra-jax" PYTHON="" JAX_VERSION="" SKIP_INSTALL=0 SKIP_CODE=0
-DETACH=0 KILL_EXISTING=0 ACTION=train LOGS_DIR=""
+DETACH=0 KILL_EXISTING=0 CHECK=1 ACTION=train LOGS_DIR=""
 TRAIN_ARGS=() ENV_ARGS=() CREATE_ARGS=()
 
 set_action() {
@@ -162,6 +165,7 @@ while [[ $# -gt 0 ]]; do
     --skip-code) SKIP_CODE=1; SKIP_INSTALL=1 ;;
     --detach) DETACH=1 ;;
     --kill-existing) KILL_EXISTING=1 ;;
+    --no-check) CHECK=0 ;;
     --fetch-logs) set_action fetch-logs ;;
     --logs-dir) need_value "$@"; LOGS_DIR=$val ;;
     --stop) set_action stop ;;
@@ -335,10 +339,14 @@ if [[ $SKIP_INSTALL == 0 ]]; then
   remote_all "set -e; cd $QDIR; if [ ! -x .venv/bin/python ]; then $mkvenv; fi; .venv/bin/python -m pip install --quiet --upgrade pip; .venv/bin/python -m pip install --quiet -e . $qjax; echo \"\$(hostname): installed\""
 fi
 
-# 4. Train on all workers at once. --------------------------------------------------------------------------------
+# 4. Check on worker 0 (seconds; no TPU use), 5. train on all workers at once. -----------------------------------
 [[ $KILL_EXISTING == 1 ]] && remote_all "$STOP_CMD"
 join_quoted ORCHESTRA_DISTRIBUTED=1 ${ENV_ARGS[@]+"${ENV_ARGS[@]}"}; exports=$REPLY
 join_quoted .venv/bin/orchestra train --config "$CONFIG" ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}; train=$REPLY
+if [[ $CHECK == 1 ]]; then
+  run "${TPU[@]}" ssh "$NAME" "${LOC[@]}" --worker=0 --command "cd $QDIR && export $exports && $train --check" \
+    || die "the pre-flight check failed on worker 0 (table above); fix it, or skip the check with --no-check"
+fi
 log='"logs/worker-$(hostname).log"'
 if [[ $DETACH == 1 ]]; then
   remote_all "set -e; cd $QDIR; mkdir -p logs; export $exports; nohup $train > $log 2>&1 < /dev/null & echo \"\$(hostname): started, logging to $REMOTE_DIR/logs/worker-\$(hostname).log\""

@@ -127,15 +127,17 @@ def test_tpu_dry_run_prints_every_step(tmp_path):
   assert "--worker=all" in scp and scp[5] == archive[archive.index("-o") + 1]
 
   ssh = [c for c in cmds if c[0] == "gcloud" and c[4] == "ssh"]
-  assert all(c[5] == "pod-1" and "--worker=all" in c for c in ssh)
-  unpack, install, train = (remote_command(c) for c in ssh)
+  assert all(c[5] == "pod-1" for c in ssh)
+  assert ["--worker=all" in c for c in ssh] == [True, True, False, True] and "--worker=0" in ssh[2]
+  unpack, install, check, train = (remote_command(c) for c in ssh)
+  assert trainer_args(check) == ["--config", CONFIG, *TRICKY, "--check"]  # the pre-flight, on worker 0
   assert "tar -xzf" in unpack
   assert "-m venv .venv" in install and "pip install" in install and "-e ." in install
   assert "'jax[tpu]==0.10.2'" in install  # the pyproject pin
   assert "ORCHESTRA_DISTRIBUTED=1" in train and "'ORCHESTRA_DATA_DIR=/mnt/my data'" in train
   assert 'tee "logs/worker-$(hostname).log"' in train
   assert trainer_args(train) == ["--config", CONFIG, *TRICKY]
-  for code in (unpack, install, train):  # every remote command is valid shell
+  for code in (unpack, install, check, train):  # every remote command is valid shell
     assert subprocess.run(["bash", "-n", "-c", code]).returncode == 0, code
 
 
@@ -143,7 +145,7 @@ def test_tpu_trainer_args_survive_the_remote_shell(tmp_path):
   """Run the printed remote train command with bash, with a stub `orchestra`: it must see exactly our argv."""
   r = sh(TPU, "--dry-run", *TPU_BASE, "--skip-code", *TRICKY[:2], "--env", "X_Y=a 'b'", "--", *TRICKY[2:])
   assert r.returncode == 0, r.stderr
-  (train_cmd,) = [c for c in commands(r.stdout) if c[0] == "gcloud"][2:]  # describe, create, train
+  check_cmd, train_cmd = [c for c in commands(r.stdout) if c[0] == "gcloud"][2:]  # describe, create, check, train
   home = tmp_path / "home"
   stub = home / "orchestra-jax" / ".venv" / "bin" / "orchestra"
   stub.parent.mkdir(parents=True)
@@ -155,6 +157,9 @@ def test_tpu_trainer_args_survive_the_remote_shell(tmp_path):
   assert out.returncode == 0, out.stderr
   argv, flag, xy = json.loads(out.stdout)
   assert argv == ["train", "--config", CONFIG, *TRICKY] and flag == "1" and xy == "a 'b'"
+  out = subprocess.run(["bash", "-c", remote_command(check_cmd)], cwd=home, capture_output=True, text=True,
+                       env=dict(os.environ, HOME=str(home)), timeout=60)
+  assert out.returncode == 0 and json.loads(out.stdout)[0] == [*argv, "--check"], out.stderr
   logs = list((home / "orchestra-jax" / "logs").glob("worker-*.log"))
   assert len(logs) == 1 and json.loads(logs[0].read_text())[0] == argv
 
@@ -167,7 +172,8 @@ def test_tpu_repo_mode_and_detach(tmp_path):
   assert not any(c[0] == "git" for c in cmds) and not any("scp" in c for c in cmds)
   assert cmds[1][cmds[1].index("--version") + 1] == "my-runtime"
   remote = [remote_command(c) for c in cmds if "--command" in c]
-  clone, install, kill, train = remote
+  clone, install, kill, check, train = remote
+  assert check.endswith("--check") and "nohup" not in check
   assert "git clone --quiet https://github.com/me/orchestra-jax.git code/orch" in clone
   assert "git fetch --quiet origin v1.2" in clone and "checkout --quiet --force FETCH_HEAD" in clone
   assert "cd code/orch" in install
@@ -271,7 +277,8 @@ def test_tpu_end_to_end_with_fake_gcloud(tmp_path):
   (bin_dir / "gcloud").chmod(0o755)
   stub = home / "orchestra-jax" / ".venv" / "bin" / "orchestra"  # "installed" already (--skip-install)
   stub.parent.mkdir(parents=True)
-  stub.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+  stub.write_text(f"#!{sys.executable}\nimport json, os, sys\nprint(json.dumps(sys.argv[1:]))\n"
+                  "sys.exit(2 if '--check' in sys.argv and os.environ.get('FAKE_CHECK_FAIL') else 0)\n")
   stub.chmod(0o755)
   log = tmp_path / "gcloud.log"
   env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", FAKE_GCLOUD_LOG=str(log),
@@ -280,7 +287,7 @@ def test_tpu_end_to_end_with_fake_gcloud(tmp_path):
   r = sh(TPU, *TPU_BASE, "--src", str(src), "--skip-install", *TRICKY, env=env)
   assert r.returncode == 0, r.stdout + r.stderr
   calls = [json.loads(line) for line in log.read_text().splitlines()]
-  assert [c[3] for c in calls] == ["describe", "create", "scp", "ssh", "ssh"]
+  assert [c[3] for c in calls] == ["describe", "create", "scp", "ssh", "ssh", "ssh"]  # unpack, check, train
   assert (home / "orchestra-jax" / "README.md").read_text() == "hello\n"  # HEAD shipped and unpacked
   assert not (home / "orchestra-src.tar.gz").exists()
   assert json.loads(r.stdout.strip().splitlines()[-1]) == ["train", "--config", CONFIG, *TRICKY]
@@ -291,7 +298,18 @@ def test_tpu_end_to_end_with_fake_gcloud(tmp_path):
   log.unlink()
   r = sh(TPU, *TPU_BASE, "--src", str(src), "--skip-code", env=dict(env, FAKE_TPU_STATE="READY\tv5p-64"))
   assert r.returncode == 0, r.stderr
+  assert [json.loads(line)[3] for line in log.read_text().splitlines()] == ["describe", "ssh", "ssh"]
+  # A failing pre-flight check stops the launch before any worker trains; --no-check skips it.
+  failing = dict(env, FAKE_TPU_STATE="READY\tv5p-64", FAKE_CHECK_FAIL="1")
+  log.unlink()
+  r = sh(TPU, *TPU_BASE, "--src", str(src), "--skip-code", env=failing)
+  assert r.returncode == 1 and "pre-flight check failed on worker 0" in r.stderr and "--no-check" in r.stderr
   assert [json.loads(line)[3] for line in log.read_text().splitlines()] == ["describe", "ssh"]
+  log.unlink()
+  r = sh(TPU, *TPU_BASE, "--src", str(src), "--skip-code", "--no-check", env=failing)
+  assert r.returncode == 0, r.stderr
+  assert [json.loads(line)[3] for line in log.read_text().splitlines()] == ["describe", "ssh"]
+  assert json.loads(r.stdout.strip().splitlines()[-1])[-1] != "--check"
   r = sh(TPU, *TPU_BASE, "--src", str(src), "--skip-install", env=dict(env, FAKE_TPU_STATE="READY\tv4-64"))
   assert r.returncode == 1 and "exists with accelerator type v4-64, not v5p-64" in r.stderr
   r = sh(TPU, *TPU_BASE, "--src", str(src), "--skip-install", env=dict(env, FAKE_TPU_STATE="PREEMPTED\tv5p-64"))
