@@ -799,7 +799,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                       f"HTTP 400 (default: the smaller of {DEFAULT_MAX_LEN} and the model's max_position_embeddings)")
   p.add_argument("--served-model-name", default=None, metavar="NAME",
                  help="model name clients send and /v1/models lists; other names get 404 "
-                      "(default: the model directory's name)")
+                      "(default: the model directory's name; for a training run, WORKDIR or "
+                      "WORKDIR/checkpoints/N, '<workdir name>-step<N>')")
   p.add_argument("--tokenizer", default=None, metavar="DIR",
                  help="tokenizer directory (default: the model directory if it has tokenizer files, else the "
                       "bundled Qwen3 tokenizer)")
@@ -830,7 +831,8 @@ def build_server(args, log_requests: bool | None = None) -> ModelServer:
   elif config.max_position_embeddings and max_len > config.max_position_embeddings:
     print(f"orchestra serve: warning: --max-len {max_len} is over the model's max_position_embeddings "
           f"{config.max_position_embeddings}", file=sys.stderr)
-  name = args.served_model_name or model_dir.resolve().name
+  run = checkpoint.find_train_checkpoint(model_dir)  # a training run: "<workdir name>-step<N>", not "<N>"
+  name = args.served_model_name or (f"{run.workdir.name}-step{run.step}" if run else model_dir.resolve().name)
   print(f"orchestra serve: loading {model_dir} ...", file=sys.stderr, flush=True)
   config, params = checkpoint.load_model(model_dir)
   return ModelServer(config, params, tok, model_name=name, max_len=max_len, max_batch=args.max_batch,

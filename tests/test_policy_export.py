@@ -160,3 +160,19 @@ def test_config_that_does_not_fit_the_state(run, override, needle):
   with pytest.raises(checkpoint.CheckpointError) as e:
     checkpoint.load_model(workdir / "checkpoints" / "2", **override)
   assert needle in str(e.value) and "\n" not in str(e.value) and "does not match" in str(e.value)
+
+
+def test_serve_names_a_run_by_workdir_and_step(run):
+  """`orchestra serve --model WORKDIR[/checkpoints/N]` serves the trained params as '<workdir name>-step<N>'."""
+  import json
+  import urllib.request
+
+  from orchestra_jax import serve
+  _, workdir = run
+  for path in (workdir, workdir / "checkpoints" / "1"):
+    args = cli.build_parser().parse_args(["serve", "--model", str(path), "--port", "0", "--no-warmup", "--quiet"])
+    step = 2 if path == workdir else 1
+    with serve.build_server(args).start() as server:
+      assert server.model_name == f"{workdir.name}-step{step}"
+      with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/v1/models", timeout=30) as resp:
+        assert [m["id"] for m in json.loads(resp.read())["data"]] == [server.model_name]
