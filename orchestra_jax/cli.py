@@ -162,6 +162,7 @@ def _cmd_train(args, overrides) -> None:
     return
   distributed.maybe_initialize()
   from orchestra_jax import trainer
+  trainer.check_single_process()
   summary = trainer.Trainer(cfg, quiet=args.quiet).run()
   print(trainer.format_summary(summary))
 

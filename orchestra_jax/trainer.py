@@ -61,6 +61,23 @@ class TrainingDiverged(UserError):
   """A non-finite loss or gradient; the message names the step and the last good checkpoint."""
 
 
+class MultiProcessNotSupported(UserError):
+  """`orchestra train` across several JAX processes: the rollout side is not coordinated across them yet."""
+
+
+def check_single_process() -> None:
+  """Refuses a multi-process run before it wastes a pod. The sharded train step is multi-process ready (tests/
+  test_multihost.py), but the rollout side is not: the sampler feeds host numpy into its sharded jits, every
+  process would call every tool itself (N x the expert bill, replies that may differ) and the agent loops would
+  schedule rows on their own clocks, so processes would desynchronise or deadlock in the sampler's collectives."""
+  import jax
+  if jax.process_count() > 1:
+    raise MultiProcessNotSupported(
+        f"orchestra train runs as one JAX process for now, not {jax.process_count()}: rollouts are not yet "
+        "coordinated across processes (tools would run on every host); use one host with all its chips "
+        "(e.g. a v5p-8 slice or one GPU node) until multi-host rollouts land")
+
+
 # --- config --------------------------------------------------------------------------------------------
 
 def _rollout_config(cfg, temperature: float | None = None) -> RolloutConfig:
