@@ -152,11 +152,17 @@ def save_model(path: str | os.PathLike, config: ModelConfig, params: Any, tokeni
   with ocp.StandardCheckpointer() as ckptr:
     ckptr.save(path / PARAMS_DIR, params)
     ckptr.wait_until_finished()
-  tmp = path / (MODEL_CONFIG_FILE + ".tmp")
-  tmp.write_text(config.to_json())
-  os.replace(tmp, path / MODEL_CONFIG_FILE)
-  if tokenizer_dir:
-    copy_tokenizer_files(tokenizer_dir, path)
+  # The small host-side files come from process 0 alone: processes sharing a filesystem would race on the
+  # same temporary file. The others wait for them, so a read right after this returns finds them everywhere.
+  if jax.process_index() == 0:
+    tmp = path / (MODEL_CONFIG_FILE + ".tmp")
+    tmp.write_text(config.to_json())
+    os.replace(tmp, path / MODEL_CONFIG_FILE)
+    if tokenizer_dir:
+      copy_tokenizer_files(tokenizer_dir, path)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(f"save_model {path}")
   return path
 
 

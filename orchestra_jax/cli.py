@@ -162,9 +162,10 @@ def _cmd_train(args, overrides) -> None:
     return
   distributed.maybe_initialize()
   from orchestra_jax import trainer
-  trainer.check_single_process()
   summary = trainer.Trainer(cfg, quiet=args.quiet).run()
-  print(trainer.format_summary(summary))
+  import jax
+  if jax.process_index() == 0:  # one summary per job, not per process
+    print(trainer.format_summary(summary))
 
 
 def main(argv: list[str] | None = None) -> int:

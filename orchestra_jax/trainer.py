@@ -48,8 +48,10 @@ from orchestra_jax.reward.features import group_arrays
 from orchestra_jax.reward.pipeline import RewardConfig, score_groups
 from orchestra_jax.rl.loss import LossConfig
 from orchestra_jax.rl.optimizer import OptimizerConfig
-from orchestra_jax.rl.train import TrainConfig, init_train_state, is_finite, make_compute_logprobs, make_train_step
-from orchestra_jax.rollout.agent_loop import AgentLoop, RolloutConfig
+from orchestra_jax.rl.train import (TrainConfig, init_train_state, is_finite, make_compute_logprobs, make_train_step,
+                                    shard_batch)
+from orchestra_jax.rollout import lockstep
+from orchestra_jax.rollout.agent_loop import AgentLoop, RolloutConfig, RolloutStats
 from orchestra_jax.rollout.sampler import Sampler
 from orchestra_jax.rollout.trajectory import Trajectory
 
@@ -61,21 +63,12 @@ class TrainingDiverged(UserError):
   """A non-finite loss or gradient; the message names the step and the last good checkpoint."""
 
 
-class MultiProcessNotSupported(UserError):
-  """`orchestra train` across several JAX processes: the rollout side is not coordinated across them yet."""
-
-
-def check_single_process() -> None:
-  """Refuses a multi-process run before it wastes a pod. The sharded train step is multi-process ready (tests/
-  test_multihost.py), but the rollout side is not: the sampler feeds host numpy into its sharded jits, every
-  process would call every tool itself (N x the expert bill, replies that may differ) and the agent loops would
-  schedule rows on their own clocks, so processes would desynchronise or deadlock in the sampler's collectives."""
-  import jax
-  if jax.process_count() > 1:
-    raise MultiProcessNotSupported(
-        f"orchestra train runs as one JAX process for now, not {jax.process_count()}: rollouts are not yet "
-        "coordinated across processes (tools would run on every host); use one host with all its chips "
-        "(e.g. a v5p-8 slice or one GPU node) until multi-host rollouts land")
+def _to_host(x) -> np.ndarray:
+  """A (possibly multi-process, batch-sharded) array's global value as host numpy, on every process."""
+  if getattr(x, "is_fully_addressable", True):
+    return np.asarray(jax.device_get(x))
+  from jax.experimental import multihost_utils
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 # --- config --------------------------------------------------------------------------------------------
@@ -318,7 +311,8 @@ class Trainer:
     for i in bar:
       pick = rng.choice(len(rows), size=sft.batch_size, replace=False)
       batch = build_batch([rows[j] for j in pick], self.cfg.train.seq_bucket, sft.batch_size)
-      params, opt_state, loss = step(params, opt_state, {k: jnp.asarray(v) for k, v in batch.items()})
+      # Global arrays (the same host batch on every process) so a multi-process jit accepts them.
+      params, opt_state, loss = step(params, opt_state, shard_batch(batch, self.sharding))
       if hasattr(bar, "set_postfix"):
         bar.set_postfix(loss=f"{float(loss):.3f}")
     self.metrics.write(0, "warmup", {"loss": float(loss)})
@@ -332,14 +326,30 @@ class Trainer:
 
   def _rollouts(self, sampler, setup: EnvSetup, tasks: list[dict], seeds: list[int], temperature=None):
     """(trajectories, outcomes, stats). Each rollout is graded the moment it ends (tau2 grading needs the live
-    episode), on a small pool so a remote judge does not stall decoding."""
-    loop = AgentLoop(sampler, self.tokenizer, setup.env, _rollout_config(self.cfg, temperature))
-    with cf.ThreadPoolExecutor(max_workers=GRADE_WORKERS, thread_name_prefix="grade") as pool:
-      graded: dict[int, cf.Future] = {}
-      trajs = loop.run(tasks, seeds=seeds, on_done=lambda i, traj, episode, wall: graded.__setitem__(
-          i, pool.submit(setup.grade, tasks[i], traj, episode)))
-      outcomes = [float(graded[i].result()) for i in range(len(tasks))]
-    return trajs, outcomes, loop.stats
+    episode), on a small pool so a remote judge does not stall decoding.
+
+    With several processes only process 0 runs the agent loop (tools and grading happen once); the others replay
+    its sampler calls (`lockstep`) so the SPMD decode steps line up, then everyone gets process 0's results."""
+    def run(sampler_like):
+      loop = AgentLoop(sampler_like, self.tokenizer, setup.env, _rollout_config(self.cfg, temperature))
+      with cf.ThreadPoolExecutor(max_workers=GRADE_WORKERS, thread_name_prefix="grade") as pool:
+        graded: dict[int, cf.Future] = {}
+        trajs = loop.run(tasks, seeds=seeds, on_done=lambda i, traj, episode, wall: graded.__setitem__(
+            i, pool.submit(setup.grade, tasks[i], traj, episode)))
+        outcomes = [float(graded[i].result()) for i in range(len(tasks))]
+      return trajs, outcomes, loop.stats
+
+    if jax.process_count() == 1:
+      return run(sampler)
+
+    def on_main(leader):
+      trajs, outcomes, stats = run(leader)
+      return {"trajs": [t.to_dict() for t in trajs], "outcomes": outcomes, "stats": stats.to_dict()}
+
+    # Process 0 uses the round-tripped copies too, so every process trains on identical objects.
+    result = lockstep.run_on_main(sampler, on_main)
+    return ([Trajectory.from_dict(d) for d in result["trajs"]], [float(o) for o in result["outcomes"]],
+            RolloutStats(**result["stats"]))
 
   def _score(self, setup: EnvSetup, tasks, trajs, outcomes, groups: int, group_size: int):
     arrays = [group_arrays(trajs[g * group_size:(g + 1) * group_size], setup.aliases,
@@ -380,13 +390,15 @@ class Trainer:
     mismatch = 0.0
     device_batches = []
     for batch in batches:
-      device_batch = {k: jnp.asarray(v) for k, v in batch.items()}
+      # Global arrays on the batch sharding, built from the same host batch on every process.
+      device_batch = shard_batch(batch, self.sharding)
       mask = batch["response_mask"] > 0
       if cfg.train.old_logprobs == "recompute":
-        old = np.asarray(self.compute_logprobs(state.params, device_batch))
+        old = _to_host(self.compute_logprobs(state.params, device_batch))
         if mask.any():
           mismatch = max(mismatch, float(np.abs(old - batch["old_logprobs"])[mask].max()))
-        device_batch["old_logprobs"] = jnp.asarray(old * mask)
+        device_batch["old_logprobs"] = shard_batch({"old_logprobs": (old * mask).astype(np.float32)},
+                                                   self.sharding)["old_logprobs"]
       if self.train_config.loss.kl_coef:
         device_batch["ref_logprobs"] = self.compute_logprobs(ref_params, device_batch) * device_batch["response_mask"]
       if cfg.debug.nan_at_step == step:

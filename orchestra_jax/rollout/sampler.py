@@ -346,6 +346,7 @@ class _Shardings:
   state: Any
   settings: Any
   rows: Any  # [B] and [B, T] arrays: batch over (data, fsdp)
+  replicated: Any  # the per-row outputs the host reads: every process must be able to fetch them
 
 
 @functools.lru_cache(maxsize=16)
@@ -357,28 +358,41 @@ def _shardings(config: ModelConfig, sharding: ShardingConfig, batch: int, max_le
   rows = sharding.sharding((batch,), ("batch",))
   return _Shardings(params=qwen3.param_shardings(config, sharding),
                     cache=sharding_lib.tree_shardings(cache_shapes, qwen3.KV_CACHE_NAMES, sharding),
-                    state=state, settings=settings, rows=rows)
+                    state=state, settings=settings, rows=rows,
+                    replicated=jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec()))
+
+
+def _with_flags(fn):
+  """fn -> (cache, state, tok, lp) + (state.live, state.reason): the flags as separate outputs, so they can be
+  replicated for the host while the state itself stays sharded (and donated) on the batch axis."""
+  def wrapped(*args):
+    cache, state, tok, lp = fn(*args)
+    return cache, state, tok, lp, state.live, state.reason
+  return wrapped
 
 
 @functools.lru_cache(maxsize=64)
 def _compiled_prefill(config, sharding, batch, max_len, sort_size, do_sample):
-  fn = functools.partial(prefill_step, config, sharding, sort_size=sort_size, do_sample=do_sample)
+  fn = _with_flags(functools.partial(prefill_step, config, sharding, sort_size=sort_size, do_sample=do_sample))
   if sharding is None:
     return jax.jit(fn, donate_argnums=(1, 2))
   s = _shardings(config, sharding, batch, max_len)
+  # The [B] outputs the host reads are replicated: in a multi-process run a batch-sharded array is not fully
+  # addressable, so no process could device_get it (they are a few bytes per row).
   return jax.jit(fn, donate_argnums=(1, 2),
                  in_shardings=(s.params, s.cache, s.state, s.settings) + (s.rows,) * 5,
-                 out_shardings=(s.cache, s.state, s.rows, s.rows))
+                 out_shardings=(s.cache, s.state) + (s.replicated,) * 4)
 
 
 @functools.lru_cache(maxsize=64)
 def _compiled_decode(config, sharding, batch, max_len, steps, sort_size, do_sample):
-  fn = functools.partial(decode_chunk, config, sharding, steps=steps, sort_size=sort_size, do_sample=do_sample)
+  fn = _with_flags(functools.partial(decode_chunk, config, sharding, steps=steps, sort_size=sort_size,
+                                     do_sample=do_sample))
   if sharding is None:
     return jax.jit(fn, donate_argnums=(1, 2))
   s = _shardings(config, sharding, batch, max_len)
   return jax.jit(fn, donate_argnums=(1, 2), in_shardings=(s.params, s.cache, s.state, s.settings),
-                 out_shardings=(s.cache, s.state, s.rows, s.rows))
+                 out_shardings=(s.cache, s.state) + (s.replicated,) * 4)
 
 
 def _host_settings(batch: int) -> RowSettings:
@@ -664,10 +678,15 @@ class Sampler:
         final[slot] = len(piece) == len(self._staged[slot])
       sort_size, do_sample = self._mode([i for i in pieces if final[i]])
       fn = _compiled_prefill(self.config, self.sharding, b, self.max_len, sort_size, do_sample)
-      self._cache, self._state, tok, lp = fn(self.params, self._cache, self._state, self._device_settings(),
-                                             tokens, starts, lengths, rows, final)
+      host_rows = (tokens, starts, lengths, rows, final)
+      if self._shard is not None:
+        # Multi-process JAX refuses host numpy for sharded jit inputs; device_put of the same values on every
+        # process builds the global array (each process keeps its own shards).
+        host_rows = jax.device_put(host_rows, (self._shard.rows,) * 5)
+      self._cache, self._state, tok, lp, live, reason = fn(self.params, self._cache, self._state,
+                                                           self._device_settings(), *host_rows)
       if final.any():
-        tok, lp, live, reason = jax.device_get((tok, lp, self._state.live, self._state.reason))
+        tok, lp, live, reason = jax.device_get((tok, lp, live, reason))
       for slot, piece in pieces.items():
         row = self._rows[slot]
         row.cached += len(piece)
@@ -687,8 +706,9 @@ class Sampler:
     sort_size, do_sample = self._mode(running)
     fn = _compiled_decode(self.config, self.sharding, self.batch_size, self.max_len, self.chunk_steps,
                           sort_size, do_sample)
-    self._cache, self._state, tok, lp = fn(self.params, self._cache, self._state, self._device_settings())
-    tok, lp, live, reason = jax.device_get((tok, lp, self._state.live, self._state.reason))
+    self._cache, self._state, tok, lp, live, reason = fn(self.params, self._cache, self._state,
+                                                         self._device_settings())
+    tok, lp, live, reason = jax.device_get((tok, lp, live, reason))
     done = []
     for slot in running:
       row = self._rows[slot]
