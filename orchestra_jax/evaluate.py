@@ -173,21 +173,13 @@ def _tau2_domain(benchmark: str) -> str | None:
   return benchmark.split("-", 1)[1] if benchmark.startswith("tau2-") else None
 
 
-def _qa_task(sample) -> dict[str, Any]:
-  task = {"id": sample.id, "question": sample.question, "answer": sample.answer}
-  if sample.tools:
-    task["tools"] = list(sample.tools)
-  if sample.alias_map:
-    task["alias_map"] = sample.alias_map
-  if sample.preference_text:
-    task["preference_text"] = sample.preference_text
-  if sample.preference:
-    task["preference"] = dict(sample.preference)
-  return task
-
-
-def _tau2_task(sample) -> dict[str, Any]:
-  task = {"id": sample.id, "question": sample.question, "tau2_task": sample.task}
+def _task(sample) -> dict[str, Any]:
+  """A benchmark item as a task dict: QA items carry `answer`, tau2 items their task JSON under `tau2_task`."""
+  task = {"id": sample.id, "question": sample.question}
+  if sample.kind == "qa":
+    task["answer"] = sample.answer
+  else:
+    task["tau2_task"] = sample.task
   if sample.tools:
     task["tools"] = list(sample.tools)
   if sample.alias_map:
@@ -229,7 +221,7 @@ def load_tasks(benchmark: str, *, hle_path: str | None = None, tasks_path: str |
       raise EvalError(f"config key 'eval.tau2_split': {e.args[0]}") from None
   if not samples:
     raise EvalError(f"benchmark {benchmark} has no items")
-  return [_qa_task(s) if domain is None else _tau2_task(s) for s in samples]
+  return [_task(s) for s in samples]
 
 
 # --- the judge ------------------------------------------------------------------------------------------------
