@@ -10,11 +10,9 @@ from orchestra_jax.data import (DataFormatError, MissingDependencyError, Sample,
                                 convert_hle, convert_tau2, convert_toolscale, load_iterator_state, make_dataset,
                                 make_iterator, preference_array, preference_text, random_preference, randomize_sample,
                                 randomize_samples, read_jsonl, sample_domain, save_iterator_state, write_jsonl)
-from orchestra_jax.data.converters import default_frames_path
 from orchestra_jax.errors import UserError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "synth"
-needs_frames = pytest.mark.skipif(not default_frames_path().is_file(), reason="FRAMES data not on hand")
 
 
 def _qa(i: int, **kw) -> Sample:
@@ -27,7 +25,6 @@ def frames():
 
 
 # --- conversion -----------------------------------------------------------------------------------------------
-@needs_frames
 def test_frames_conversion_of_the_real_file(frames):
   assert len(frames) == 824
   assert len({s.id for s in frames}) == 824

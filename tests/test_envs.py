@@ -1,7 +1,7 @@
 """tau2-style environments: databases, tools, grading, user simulators (orchestra_jax.envs).
 
-Tests over the shipped data (../shared/data/tau2 or $ORCHESTRA_DATA_DIR) skip when it is absent; the others
-(records, copy-on-write database, pass^k, calculator) always run.
+Most tests run over the tau2 data shipped in the package (or $ORCHESTRA_DATA_DIR's copy); the data always ships,
+so none of them skips.
 """
 
 import dataclasses
@@ -20,10 +20,9 @@ from orchestra_jax.envs import domain as domain_module
 from orchestra_jax.envs.domain import EvaluationCriteria, Task
 from orchestra_jax.envs.records import canonical_json, from_json, json_schema, to_json
 from orchestra_jax.envs.tools import safe_calculate, ToolError
+from orchestra_jax.resources import read_json
 
 TAU2 = tau2_dir()
-needs_data = pytest.mark.skipif(not (TAU2 / "airline" / "db.json").is_file(),
-                                reason=f"tau2 data not found at {TAU2} (set ORCHESTRA_DATA_DIR to the dir holding tau2/)")
 
 # Tasks whose gold actions leave the database unchanged and that have no communicate_info: an empty
 # conversation scores 1.0 on them (DB and COMMUNICATE both hold trivially). Mostly "refuse" / read-only tasks;
@@ -149,18 +148,15 @@ def test_database_copy_on_write_hash_and_transactions():
 
 
 # --- shipped data -------------------------------------------------------------------------------------------
-@needs_data
 @pytest.mark.parametrize("name", ["mock", "airline", "retail"])
 def test_db_loads_validated_and_round_trips(name):
   domain = Domain.load(name)
-  with open(TAU2 / name / "db.json") as f:
-    raw = json.load(f)
+  raw = read_json(TAU2 / name / "db.json")  # db.json or db.json.gz
   assert domain.db.to_json() == raw  # every field typed, nothing lost or added
   assert domain.db.hash() == _sha(canonical_json(raw))
   assert domain.policy.strip() and domain.tasks
 
 
-@needs_data
 def test_loading_is_cached_and_episodes_are_isolated():
   first = Domain.load("airline")
   t = time.perf_counter()
@@ -179,7 +175,6 @@ def test_loading_is_cached_and_episodes_are_isolated():
   assert first.db.hash(use_cache=False) == h0
 
 
-@needs_data
 def test_db_hash_sensitive_to_one_field():
   domain = Domain.load("retail")
   env = domain.new_episode()
@@ -192,7 +187,6 @@ def test_db_hash_sensitive_to_one_field():
   assert env.db_hash() == h0
 
 
-@needs_data
 def test_bad_arguments_give_error_text_and_do_not_mutate():
   airline = Domain.load("airline").new_episode()
   retail = Domain.load("retail").new_episode()
@@ -245,7 +239,6 @@ def test_bad_arguments_give_error_text_and_do_not_mutate():
   assert "already cancelled" in airline.call("cancel_reservation", {"reservation_id": "HATHAT"})
 
 
-@needs_data
 def test_tool_schemas_and_gold_action_coverage():
   for name in ["mock", "airline", "retail"]:
     domain = Domain.load(name)
@@ -273,7 +266,6 @@ def _run_gold(domain, task):
   return env, result, evaluate_episode(env, result)
 
 
-@needs_data
 @pytest.mark.parametrize("name", ["airline", "retail"])
 def test_gold_replay_scores_one_on_every_task(name):
   domain = Domain.load(name)
@@ -287,7 +279,6 @@ def test_gold_replay_scores_one_on_every_task(name):
   assert domain.db.hash(use_cache=False) == domain.initial_db_hash()  # no episode touched the shared records
 
 
-@needs_data
 @pytest.mark.parametrize("name", ["airline", "retail"])
 def test_empty_conversation_scores_zero_when_a_write_is_required(name):
   domain = Domain.load(name)
@@ -305,7 +296,6 @@ def test_empty_conversation_scores_zero_when_a_write_is_required(name):
   assert scores_one == EMPTY_SCORES_ONE[name]
 
 
-@needs_data
 def test_mock_domain():
   domain = Domain.load("mock")
   tasks = {t.id: t for t in domain.tasks}
@@ -339,7 +329,6 @@ def test_mock_domain():
   assert "expected one of" in env.call("update_task_status", {"task_id": "task_1", "status": "done"})
 
 
-@needs_data
 def test_nl_assertions_need_a_judge():
   domain = Domain.load("mock")
   base = domain.task("create_task_1_nl_eval")
@@ -356,7 +345,6 @@ def test_nl_assertions_need_a_judge():
   assert evaluate(env, [], task=task, judge=lambda msgs, nl: [True, False]).reward == 0.0
 
 
-@needs_data
 def test_scripted_user_episode_and_terminations():
   domain = Domain.load("retail")
   task = domain.task("0")
@@ -391,7 +379,6 @@ def test_scripted_user_episode_and_terminations():
   assert crashing.termination_reason == "agent_error" and "ZeroDivisionError" in crashing.error
 
 
-@needs_data
 def test_llm_user_simulator():
   domain = Domain.load("airline")
   task = domain.task("7")

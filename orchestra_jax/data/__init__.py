@@ -8,7 +8,7 @@
 Quick start::
 
   from orchestra_jax.data import convert_frames, randomize_samples, write_jsonl, make_dataset, make_iterator
-  samples = randomize_samples(convert_frames("../shared/data/frames/frames_824.jsonl"), seed=0)
+  samples = randomize_samples(convert_frames(), seed=0)  # the packaged FRAMES questions
   write_jsonl("runs/data/frames.jsonl", samples)
   it = make_iterator(make_dataset("runs/data/frames.jsonl", seed=0, batch_size=16, num_epochs=None))
   batch = next(it)            # list of 16 Sample

@@ -1,11 +1,11 @@
 """Converters from the source datasets to `Sample`s.
 
-* `convert_frames`: FRAMES JSONL (`{id, question, answer}` per line; ../shared/data/frames/frames_824.jsonl).
+* `convert_frames`: FRAMES JSONL (`{id, question, answer}` per line; the packaged `frames/frames_824.jsonl.gz`).
 * `convert_hle`: Humanity's Last Exam from the user's own copy (JSONL, JSON or parquet with `question` and
   `answer`; rows with an image are skipped unless asked). HLE is gated and carries a canary string: it is never
   shipped with this project and must not be trained on, so its records are marked `metadata.eval_only`.
 * `convert_tau2`: the tasks of a built-in tau2 domain (`envs.Domain.load(name)`).
-* `convert_toolscale`: rows in the ToolScale layout (DESIGN.md section 7): `id`, `description`,
+* `convert_toolscale`: rows in the ToolScale layout (docs/design.md section 7): `id`, `description`,
   `user_scenario{persona, instructions{task_instructions, reason_for_call, known_info, unknown_info, domain}}`,
   `initial_state`, `evaluation_criteria{actions[{action_id, name, arguments}], communicate_info, ...}`. The
   published parquet stores `arguments` as one struct holding every argument name of the whole dataset, so
@@ -28,6 +28,7 @@ from typing import Any
 
 from orchestra_jax.data.format import DataFormatError, Sample, scenario_text
 from orchestra_jax.errors import UserError
+from orchestra_jax.resources import DataNotFoundError, data_dir, find_data_file, open_text, read_text
 
 __all__ = ["MissingDependencyError", "read_rows", "convert_frames", "convert_hle", "convert_tau2",
            "convert_toolscale", "default_frames_path"]
@@ -60,11 +61,13 @@ def _jsonable(value: Any) -> Any:
 
 
 def _located_rows(path: str | os.PathLike) -> list[tuple[str, Any]]:
-  """(where, row) for every row of a .jsonl / .json / .parquet file; `where` is "file:line" or "file: row i"."""
+  """(where, row) for every row of a .jsonl / .json / .parquet file (.jsonl and .json may be gzipped, `.gz`);
+  `where` is "file:line" or "file: row i"."""
   path = Path(path)
   if not path.is_file():
     raise DataFormatError(f"input file not found: {path}")
-  suffix = path.suffix.lower()
+  suffixes = [x.lower() for x in path.suffixes[-2:]]
+  suffix = suffixes[-2] if suffixes[-1:] == [".gz"] and len(suffixes) == 2 else path.suffix.lower()
   if suffix == ".parquet":
     try:
       import pyarrow.parquet as pq
@@ -78,7 +81,7 @@ def _located_rows(path: str | os.PathLike) -> list[tuple[str, Any]]:
     return [(f"{path}: row {i}", _jsonable(r)) for i, r in enumerate(rows)]
   if suffix == ".json":
     try:
-      data = json.loads(path.read_text(encoding="utf-8"))
+      data = json.loads(read_text(path))
     except json.JSONDecodeError as e:
       raise DataFormatError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
     if isinstance(data, Mapping) and isinstance(data.get("data"), list):
@@ -87,7 +90,7 @@ def _located_rows(path: str | os.PathLike) -> list[tuple[str, Any]]:
       raise DataFormatError(f"{path}: a .json input must hold a list of records")
     return [(f"{path}: row {i}", r) for i, r in enumerate(data)]
   out = []
-  with open(path, encoding="utf-8") as f:
+  with open_text(path) as f:
     for lineno, line in enumerate(f, 1):
       if not line.strip():
         continue
@@ -138,8 +141,13 @@ def _unique(samples: list[Sample], source: str) -> list[Sample]:
 
 # --- QA -----------------------------------------------------------------------------------------------------
 def default_frames_path() -> Path:
-  from orchestra_jax.envs.domain import data_dir
-  return data_dir() / "frames" / "frames_824.jsonl"
+  """The 824 FRAMES questions: `frames/frames_824.jsonl` (or `.jsonl.gz`) under the data dir (packaged copy,
+  or `$ORCHESTRA_DATA_DIR`)."""
+  path = data_dir() / "frames" / "frames_824.jsonl"
+  try:
+    return find_data_file(path)
+  except DataNotFoundError:
+    return path  # reading it names the missing file
 
 
 def convert_frames(path: str | os.PathLike | None = None, *, id_prefix: str = "frames/") -> list[Sample]:

@@ -4,8 +4,9 @@
 `functools.lru_cache`), and `domain.new_episode(task)` gives an `Environment`: a private copy of the database
 (copy-on-write, see `db.py`) with the task's initial state applied, and the domain's tools over it.
 
-Data lives in `<data dir>/tau2/<domain>/`: `db.json`, `policy.md`, `tasks.json`, `split_tasks.json`. The data dir
-is `$ORCHESTRA_DATA_DIR` when set, else `../shared/data` next to the repository root.
+Data lives in `<data dir>/tau2/<domain>/`: `db.json`, `policy.md`, `tasks.json`, `split_tasks.json` (each may be
+gzipped, `db.json.gz`). The data dir is `$ORCHESTRA_DATA_DIR` when set, else the copy shipped in the package
+(`orchestra_jax/resources/data`, see `resources.data_dir`).
 
 Task format (tau2 v0.2): `{id, description, user_scenario{persona, instructions}, ticket?, initial_state?,
 evaluation_criteria{actions[{action_id, name, arguments, requestor?, compare_args?, info}], communicate_info,
@@ -30,12 +31,11 @@ from typing import Any
 from orchestra_jax.envs.db import Database
 from orchestra_jax.envs.records import ValidationError
 from orchestra_jax.envs.tools import CALL_EXPERT_SCHEMA, ToolError, Toolkit, format_result
-from orchestra_jax.errors import UserError
+from orchestra_jax.resources import DATA_ENV_VAR, DataNotFoundError, data_dir, read_json, read_text
 
 __all__ = ["DATA_ENV_VAR", "DOMAINS", "DataNotFoundError", "data_dir", "tau2_dir", "Action", "EnvAssertion",
            "EvaluationCriteria", "Task", "ToolCallRecord", "Domain", "Environment", "DEFAULT_REWARD_BASIS"]
 
-DATA_ENV_VAR = "ORCHESTRA_DATA_DIR"
 # name -> (module, toolkit class, policy file); the module defines TABLES (table -> record type)
 DOMAINS: dict[str, tuple[str, str, str]] = {
   "mock": ("orchestra_jax.envs.mock", "MockTools", "policy.md"),
@@ -43,18 +43,6 @@ DOMAINS: dict[str, tuple[str, str, str]] = {
   "retail": ("orchestra_jax.envs.retail", "RetailTools", "policy.md"),
 }
 DEFAULT_REWARD_BASIS = ("DB", "COMMUNICATE")
-
-
-class DataNotFoundError(UserError, FileNotFoundError):
-  """The tau2 data directory (or a file in it) is missing."""
-
-
-def data_dir() -> Path:
-  """`$ORCHESTRA_DATA_DIR`, else `../shared/data` next to the repository root."""
-  env = os.environ.get(DATA_ENV_VAR)
-  if env:
-    return Path(env).expanduser().resolve()
-  return Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
 def tau2_dir(root: str | os.PathLike | None = None) -> Path:
@@ -163,13 +151,6 @@ class ToolCallRecord:
 
 
 # --- domain -------------------------------------------------------------------------------------------------
-def _read_json(path: Path) -> Any:
-  if not path.is_file():
-    raise DataNotFoundError(f"missing data file {path}")
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
-
-
 class Domain:
   """A tau2 domain: database (frozen root), tools, policy, tasks. Use `Domain.load(name)`."""
 
@@ -277,21 +258,20 @@ def _load_domain(name: str, root: str) -> Domain:
   base = Path(root)
   folder = base / name
   if not folder.is_dir():
-    raise DataNotFoundError(f"tau2 data for domain {name!r} not found at {folder} (set ${DATA_ENV_VAR} to the "
-                            "directory holding tau2/, or put shared/data next to the repository)")
+    raise DataNotFoundError(f"tau2 data for domain {name!r} not found at {folder} (${DATA_ENV_VAR} names a data "
+                            "directory holding tau2/<domain>/; unset it to use the data shipped in the package)")
   module = importlib.import_module(module_name)
   toolkit = getattr(module, toolkit_name)
   try:
-    db = Database.from_json(module.TABLES, _read_json(folder / "db.json"))
+    db = Database.from_json(module.TABLES, read_json(folder / "db.json"))
   except ValidationError as e:
     raise ValidationError(f"{folder / 'db.json'}: {e}") from None
-  policy_path = folder / policy_file
-  if not policy_path.is_file():
-    raise DataNotFoundError(f"missing data file {policy_path}")
-  policy = policy_path.read_text(encoding="utf-8")
-  tasks = [Task.from_json(t, name) for t in _read_json(folder / "tasks.json")]
-  split_path = folder / "split_tasks.json"
-  splits = _read_json(split_path) if split_path.is_file() else {}
+  policy = read_text(folder / policy_file)
+  tasks = [Task.from_json(t, name) for t in read_json(folder / "tasks.json")]
+  try:
+    splits = read_json(folder / "split_tasks.json")
+  except DataNotFoundError:  # optional: mock has no splits
+    splits = {}
   return Domain(name, base, db, toolkit, policy, tasks, splits)
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestra_jax.envs.domain import Task, tau2_dir
+from orchestra_jax.resources import read_text
 
 __all__ = ["STOP_TOKEN", "TRANSFER_TOKEN", "OUT_OF_SCOPE_TOKEN", "STOP_TOKENS", "stop_token", "UserSimulator",
            "ScriptedUser", "LLMUserSimulator", "UserSimulatorError", "render_scenario", "load_guidelines"]
@@ -74,7 +75,7 @@ class ScriptedUser(UserSimulator):
 def load_guidelines(with_tools: bool = False, root: str | Path | None = None) -> str:
   """`simulation_guidelines.md` (or the `_tools` variant, for domains where the user has tools)."""
   name = "simulation_guidelines_tools.md" if with_tools else "simulation_guidelines.md"
-  return (tau2_dir(root) / name).read_text(encoding="utf-8")
+  return read_text(tau2_dir(root) / name)
 
 
 _INSTRUCTION_FIELDS = (("domain", "Domain"), ("reason_for_call", "Reason for call"), ("known_info", "Known info"),
