@@ -8,7 +8,7 @@ mesh axes it is sharded over (a mesh axis that does not divide a dim is dropped 
 
 Each row is planned for one param dtype (--param-dtype; default: the preset's, bfloat16 for qwen3_8b, and
 float32). The compute dtype (`model.dtype`, activations and KV cache) stays the preset's. bfloat16 params do not
-train at DESIGN's lr 1e-6 (`rl.optimizer.precision_problem`: AdamW's updates round away), so float32 master weights
+train at the design's lr 1e-6 (`rl.optimizer.precision_problem`: AdamW's updates round away), so float32 master weights
 with bfloat16 compute are the configuration that learns; the bfloat16 rows show what that costs.
 
 Columns (GB = 1e9 bytes, per device):

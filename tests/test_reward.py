@@ -1,4 +1,4 @@
-"""Rewards, advantages and filters of DESIGN.md section 5: hand examples and hypothesis properties."""
+"""Rewards, advantages and filters of docs/design.md section 5: hand examples and hypothesis properties."""
 
 import functools
 
@@ -78,7 +78,7 @@ def test_reference_buggy_is_a_constant_offset_on_correct_rollouts():
   offset = -p[-2] * (c.min() + c.max()) / (c.max() - c.min()) - p[-1] * (lat.min() + lat.max()) / (lat.max() - lat.min())
   np.testing.assert_allclose(bad[o > 0] - good[o > 0], offset, rtol=1e-5)
   np.testing.assert_array_equal(bad[o == 0], 0.0)
-  assert bad[o > 0].min() < 0  # a correct rollout now scores below the wrong ones: the slip DESIGN warns about
+  assert bad[o > 0].min() < 0  # a correct rollout now scores below the wrong ones: the slip docs/design.md warns about
 
 
 def test_grpo_matches_numpy_with_sample_std_clip_and_boost():

@@ -1,4 +1,4 @@
-"""PPO loss, aggregations, KL estimators (against numpy written from DESIGN.md section 6) and chunked log-probs."""
+"""PPO loss, aggregations, KL estimators (against numpy written from docs/design.md section 6) and chunked log-probs."""
 
 import functools
 
@@ -15,7 +15,7 @@ EPS_LOW, EPS_HIGH, DUAL = 0.2, 0.28, 10.0
 
 
 def np_ppo(logp, old, adv):
-  """DESIGN.md: ℓ = max(−A·r, −A·clip(r, 1−0.2, 1+0.28)); for A < 0, ℓ = min(ℓ, −A·10)."""
+  """docs/design.md: ℓ = max(−A·r, −A·clip(r, 1−0.2, 1+0.28)); for A < 0, ℓ = min(ℓ, −A·10)."""
   r = np.exp(logp - old)
   loss = np.maximum(-adv * r, -adv * np.clip(r, 1 - EPS_LOW, 1 + EPS_HIGH))
   return np.where(adv < 0, np.minimum(loss, -adv * DUAL), loss)

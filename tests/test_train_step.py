@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("highest_precision")
 
 CONFIG = tiny(vocab_size=512)
 B, T = 8, 16
-# a larger lr than DESIGN's 1e-6 so one step moves the params visibly; KL on so its gradient is exercised
+# a larger lr than the design's 1e-6 so one step moves the params visibly; KL on so its gradient is exercised
 TRAIN = rl.TrainConfig(loss=rl.LossConfig(kl_coef=0.05), optimizer=rl.OptimizerConfig(learning_rate=1e-3))
 
 

@@ -111,7 +111,7 @@ def test_turn_samples_prefix_mode():
     assert len(s.response_tokens) == len(s.response_mask) == len(s.old_logprobs)
     # Each sample's prompt + response is a prefix of the trajectory: the context the turn was sampled in.
     assert traj.tokens[:len(s.prompt_tokens) + len(s.response_tokens)] == s.prompt_tokens + s.response_tokens
-  # The DESIGN.md filter: drop turns with no parseable tool call.
+  # The docs/design.md filter: drop turns with no parseable tool call.
   assert [s.turn_index for s in traj.to_turn_samples(require_tool_call=True)] == [0, 2]
 
 

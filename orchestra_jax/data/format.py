@@ -13,7 +13,7 @@ Fields of a record (`Sample`):
   per-sample remapping of aliases (`tools.catalog.Catalog.remap` accepts it; see
   `preferences.alias_map_to_remap` for the endpoint of a remapped model).
 * `preference`: feature name -> weight over the reward's features `[tool aliases..., "outcome", "-cost",
-  "-latency"]` (DESIGN.md section 5; positive "-cost" = prefer cheap). Missing features weigh 0.
+  "-latency"]` (docs/design.md section 5; positive "-cost" = prefer cheap). Missing features weigh 0.
 * `preference_text`: the preference in words (`preferences.preference_text`), shown to the orchestrator.
 * `metadata`: free-form JSON (source, split, `domain_dir` of a synthesised domain, ...).
 

@@ -5,7 +5,7 @@ their prices and the user's preference, so that the orchestrator learns to read 
 of memorising alias names. Everything here is seeded per sample (`sample_rng(seed, sample_id)`), so a sample's
 randomisation does not depend on the order or the number of samples converted with it.
 
-Preference vectors are dicts over the reward's features (DESIGN.md section 5; same names as
+Preference vectors are dicts over the reward's features (docs/design.md section 5; same names as
 `orchestra_jax.reward.features`): one entry per tool alias (weight on its call count), `"outcome"`,
 `"-cost"` and `"-latency"`. Positive weight on "-cost" means "prefer cheap"; a negative weight on an alias
 means "avoid it". Missing features weigh 0. `preference_array` gives the vector in the reward's order.

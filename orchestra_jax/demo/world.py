@@ -21,7 +21,7 @@ episode (`ToolResult(done=True, final_answer=...)`):
 
 (*) calc = a cheap coder LLM that writes `print(<expr>)` for arithmetic questions and `print("unknown")`
 otherwise; the code runs in the sandbox and its stdout is the answer. Its cost is the LLM's tokens at its price
-plus `CALC_EXEC_S` (1 s) of code execution at 8.3e-6 $/s (DESIGN.md section 4).
+plus `CALC_EXEC_S` (1 s) of code execution at 8.3e-6 $/s (docs/design.md section 4).
 
 Determinism. Rewards are normalised over a group of rollouts (min/max), so tiny run-to-run differences in
 cost or latency would be blown up to the full feature range. Hence every record of one alias carries the same

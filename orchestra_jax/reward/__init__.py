@@ -1,4 +1,4 @@
-"""Rewards, advantages and filters of ToolOrchestra (DESIGN.md section 5).
+"""Rewards, advantages and filters of ToolOrchestra (docs/design.md section 5).
 
 - `outcome`: grading an answer (exact match, numeric tolerance, LLM-judge hook); host side.
 - `rewards`: the reward registry (`preference` default, `efficiency`, `outcome`, `reference_buggy`); jnp.

@@ -1,4 +1,4 @@
-"""Group-relative advantages (DESIGN.md section 5): pure jnp, one group [G] or a batch of groups [..., G].
+"""Group-relative advantages (docs/design.md section 5): pure jnp, one group [G] or a batch of groups [..., G].
 
     A(τ) = clip((R(τ) − mean_G R) / (std_G R + 1e-6), −3, 3)      (sample std, ddof = 1)
     A(τ) += 0.1 where A(τ) ≥ 1                                      (the reference's extra; boost=0 turns it off)

@@ -1,4 +1,4 @@
-"""The three filters of DESIGN.md section 5, as keep-masks (True = keep).
+"""The three filters of docs/design.md section 5, as keep-masks (True = keep).
 
 - `group_std_mask`: drop a group whose reward std ≤ threshold (0.1): it teaches little (jnp, batched).
 - `final_answer_mask`: drop rollouts that never produced a final answer (host side, from trajectories).

@@ -1,6 +1,6 @@
 """The outcome o(τ) ∈ {0, 1} of a QA rollout: exact match after normalisation, numeric tolerance, else a judge.
 
-Host-side Python (strings do not go through jit). DESIGN.md section 7: "QA data: question/answer pairs graded by
+Host-side Python (strings do not go through jit). docs/design.md section 7: "QA data: question/answer pairs graded by
 exact match, else an LLM judge". `grade` tries, in order: exact match of the SQuAD-normalised strings, equality of
 the two as numbers within a tolerance, and finally the judge callable when one is given.
 

@@ -1,4 +1,4 @@
-"""Rewards of a group of G rollouts of one task (DESIGN.md section 5): pure jnp, jittable, vmappable.
+"""Rewards of a group of G rollouts of one task (docs/design.md section 5): pure jnp, jittable, vmappable.
 
 Every reward function has one signature, so a variant is one function plus one name:
 
@@ -16,7 +16,7 @@ Every reward function has one signature, so a variant is one function plus one n
 Registered variants (`get_reward(name)`):
 - `preference` (default; what the method means): M̂_k = (M_k − min_G M_k) / (max_G M_k − min_G M_k), 0 for a
   feature that is constant over the group; R = 0 if o = 0 else Σ_k P_k · M̂_k.
-- `efficiency`: the plain efficiency reward r = o − min(0.8, 5·C + L/500) for correct rollouts. DESIGN states it for
+- `efficiency`: the plain efficiency reward r = o − min(0.8, 5·C + L/500) for correct rollouts. docs/design.md states it for
   correct rollouts only; a wrong rollout gets 0 here (as in `preference`), so a wrong rollout never outranks a
   correct one (a correct rollout scores ≥ 0.2).
 - `outcome`: R = o (accuracy only, an ablation).
@@ -24,7 +24,7 @@ Registered variants (`get_reward(name)`):
   enter with the wrong sign relative to their min/max: M̂ = (−X − min X) / (max X − min X) for X ∈ {C, L} instead
   of normalising −X by the min/max of −X. That is the correct M̂ plus the group constant −(min X + max X) /
   (max X − min X) (≤ −1 for non-negative X), and since wrong rollouts are pinned at 0 the constant offset lands on
-  correct rollouts only: with P on −C > 0 a correct rollout can score below a wrong one. Written from DESIGN.md's
+  correct rollouts only: with P on −C > 0 a correct rollout can score below a wrong one. Written from docs/design.md's
   description of the slips (the reference source is not vendored here); it is not a line-by-line port.
 
 `compute_rewards` runs any of them on one group [G] or a batch of groups [num_groups, G] (vmap).
@@ -113,7 +113,7 @@ def _only_correct(rewards, outcome, mask) -> jax.Array:
 
 @register_reward("preference")
 def preference_reward(tool_counts, outcome, cost, latency, preference, mask=None) -> jax.Array:
-  """R = 0 if o = 0 else Σ_k P_k · M̂_k (DESIGN.md section 5). Returns [G] float32."""
+  """R = 0 if o = 0 else Σ_k P_k · M̂_k (docs/design.md section 5). Returns [G] float32."""
   m = feature_matrix(tool_counts, outcome, cost, latency)  # [G, K]
   p = _check_preference(preference, m.shape[-1])  # [K]
   r = normalize_features(m, mask) @ p  # [G]

@@ -1,4 +1,4 @@
-"""The RL update of DESIGN.md section 6.
+"""The RL update of docs/design.md section 6.
 
 - `logprobs`: per-token log-probs and entropies from hidden states, LM head applied in chunks.
 - `loss`: PPO surrogate (clip-low 0.2, clip-high 0.28, dual clip 10), KL estimators and loss aggregations (registries).

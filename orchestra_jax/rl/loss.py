@@ -1,4 +1,4 @@
-"""The RL loss of DESIGN.md section 6: PPO surrogate with clip-higher and dual clip, KL to a frozen reference.
+"""The RL loss of docs/design.md section 6: PPO surrogate with clip-higher and dual clip, KL to a frozen reference.
 
 Per token, with ratio r = exp(logp − logp_old) and advantage A:
 
@@ -6,7 +6,7 @@ Per token, with ratio r = exp(logp − logp_old) and advantage A:
     ℓ = min(ℓ, −A·10)            for A < 0 (dual clip: bounds the loss when r is huge and A negative)
 
 KL penalty per token (registry, coefficient 1e-4), with d = logp − logp_ref:
-`mse` 0.5·d² (default, DESIGN), `k1` d, `k3` exp(−d) + d − 1 (Schulman's unbiased, non-negative estimator).
+`mse` 0.5·d² (default, docs/design.md section 6), `k1` d, `k3` exp(−d) + d − 1 (Schulman's unbiased, non-negative estimator).
 
 Aggregation (registry) turns per-token values [B, T] and the mask into a scalar. To make gradient accumulation
 exact, an aggregation returns a micro-batch's *share* of the mini-batch value: it divides by normalisers of the

@@ -1,4 +1,4 @@
-"""The optimizer of DESIGN.md section 6: AdamW (lr 1e-6 constant, betas 0.9 / 0.999, weight decay 0.01) after a
+"""The optimizer of docs/design.md section 6: AdamW (lr 1e-6 constant, betas 0.9 / 0.999, weight decay 0.01) after a
 global-norm gradient clip of 1.0. Weight decay applies to every parameter, as torch's AdamW does in the reference."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ class OptimizerConfig:
   eps: float = 1e-8
   weight_decay: float = 0.01
   grad_clip_norm: float | None = 1.0  # None: no clipping
-  warmup_steps: int = 0  # linear warmup from 0, then constant (DESIGN: constant, no warmup)
+  warmup_steps: int = 0  # linear warmup from 0, then constant (docs/design.md: constant, no warmup)
 
 
 def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule:
@@ -53,7 +53,7 @@ def precision_problem(param_dtype: str, learning_rate: float) -> str | None:
   the param dtype and rounds to nearest, so an update smaller than half the spacing (ulp) between representable
   values next to the weight rounds back to the weight itself: the step is silently lost. For bfloat16 at
   |w| = 0.02 the ulp is 2**-13 = 1.2e-4, so any learning rate under 6.1e-5 leaves typical weights unchanged
-  (DESIGN's 1e-6 is 60x under). Weights smaller than TYPICAL_WEIGHT still move, which is why it is easy to miss.
+  (the design's 1e-6 is 60x under). Weights smaller than TYPICAL_WEIGHT still move, which is why it is easy to miss.
   """
   bits = _MANTISSA_BITS.get(param_dtype)
   if bits is None or not learning_rate > 0:

@@ -1,6 +1,6 @@
 """One jitted RL update over a (data, fsdp, tensor) mesh, with gradient accumulation, and sharded log-probs.
 
-Batch format: a dict of arrays, one row per turn-sample (DESIGN.md section 5: every turn is its own sample, the
+Batch format: a dict of arrays, one row per turn-sample (docs/design.md section 5: every turn is its own sample, the
 rollout's advantage broadcast over its response tokens). B rows, T tokens:
 
     tokens         [B, T] int32   prompt followed by response, right-padded

@@ -11,7 +11,7 @@ bookkeeping:
 * a row ends on a finishing tool (`ToolResult.done`, e.g. `answer`), a turn with no tool call, `max_turns`, or
   when the next turn would not fit `max_total_tokens`; its slot goes to the next pending task.
 
-`mode="rebuild"` is the reference's training mode (DESIGN.md section 3): instead of growing the chat, each turn
+`mode="rebuild"` is the reference's training mode (docs/design.md section 3): instead of growing the chat, each turn
 starts from a fresh prompt built from the episode's state (`Episode.rebuild_messages`), recorded per turn in the
 trajectory.
 """
@@ -32,7 +32,7 @@ from orchestra_jax.rollout.trajectory import ToolCallRecord, Trajectory
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
-  max_turns: int = 30  # DESIGN.md section 6 (50 at evaluation)
+  max_turns: int = 30  # docs/design.md section 6 (50 at evaluation)
   max_new_tokens: int = 512  # per turn
   max_total_tokens: int | None = None  # per row conversation; default: the sampler's max_len
   temperature: float = 1.0

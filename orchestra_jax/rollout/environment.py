@@ -48,7 +48,7 @@ class Episode(abc.ABC):
     """Runs one parsed tool call. Must not raise for bad arguments: return an error message as content."""
 
   def rebuild_messages(self) -> list[dict[str, Any]]:
-    """The reference's 'rebuild the prompt from state each turn' mode (DESIGN.md section 3).
+    """The reference's 'rebuild the prompt from state each turn' mode (docs/design.md section 3).
 
     Environments that support it return one fresh prompt summarising everything so far; the default keeps the
     opening messages (so the mode still runs, with the history dropped).

@@ -5,7 +5,7 @@ A `Trajectory` grows one token sequence the way the sampler saw it: `append_prom
 `generated_mask` marks the model's own tokens and `logprobs` holds their sampling log-probs, so the trainer
 needs nothing else to form PPO ratios.
 
-Every assistant turn becomes its own training sample (DESIGN.md section 5): its prompt is everything before
+Every assistant turn becomes its own training sample (docs/design.md section 5): its prompt is everything before
 the turn, its response the turn's tokens. The reference QA loop does not grow a chat but rebuilds one prompt
 from state each turn; for that mode pass `prompt_tokens=` to `append_generated`. The turn then keeps its own
 prompt, only its generated ids go onto the running sequence, and `to_turn_samples` uses the recorded prompt.
@@ -192,7 +192,7 @@ class Trajectory:
     """One sample per assistant turn: prompt = the turn's context, response = its tokens.
 
     Turns with no tokens are skipped; `require_tool_call` also skips turns without a parsed tool call
-    (the DESIGN.md filter). `turn_index` is the turn's position in `turns`.
+    (the docs/design.md filter). `turn_index` is the turn's position in `turns`.
     """
     samples = []
     for i, t in enumerate(self.turns):

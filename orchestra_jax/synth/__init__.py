@@ -1,4 +1,4 @@
-"""ToolScale-style synthesis of tool-use environments with an LLM, verified by replay (DESIGN.md section 7).
+"""ToolScale-style synthesis of tool-use environments with an LLM, verified by replay (docs/design.md section 7).
 
 * `pipeline`: `synthesize(client, SynthConfig(...), out_dir)`: the stages, verification and outputs.
 * `datamodel`: the typed data model (tables, columns, primary / foreign keys) and row validation.

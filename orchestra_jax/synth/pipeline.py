@@ -1,4 +1,4 @@
-"""The ToolScale-style synthesis pipeline (DESIGN.md section 7), driven by any OpenAI-compatible LLM.
+"""The ToolScale-style synthesis pipeline (docs/design.md section 7), driven by any OpenAI-compatible LLM.
 
 Stages, each one prompt (`synth.prompts`), a JSON parse tolerant of code fences, validation and bounded
 retries (`synth.llm.StageRunner`):

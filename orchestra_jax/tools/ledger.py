@@ -1,6 +1,6 @@
 """The cost ledger: every tool call of a rollout with its tokens, dollars, seconds and outcome.
 
-Cost of a rollout (DESIGN.md section 4) = sum over tool calls of
+Cost of a rollout (docs/design.md section 4) = sum over tool calls of
     p_in * prompt_tokens / 1e6 + p_out * completion_tokens / 1e6     (the LLM behind the alias)
   + 8.3e-6 $/s * code execution seconds                            (enhance_reasoning's sandbox run)
   + extra_cost_usd                                                 (e.g. a paid search API)

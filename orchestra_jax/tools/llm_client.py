@@ -1,6 +1,6 @@
 """`ChatClient`: a priced, fault-tolerant client for one OpenAI-compatible `/v1/chat/completions` endpoint.
 
-Every expert LLM the orchestrator can call (DESIGN.md section 4) sits behind such an endpoint (vLLM for open
+Every expert LLM the orchestrator can call (docs/design.md section 4) sits behind such an endpoint (vLLM for open
 models, a vendor API for closed ones). A rollout must survive whatever the endpoint does, so `chat` never
 raises for a fault of the endpoint or the network: it returns a `ChatResult` with `ok=False` and an `error`
 sentence that can be shown to the orchestrator verbatim as the tool's response. The same record carries what

@@ -1,6 +1,6 @@
 """`QAEnvironment`: the reference's QA tools (search, enhance_reasoning, answer) behind the `ToolEnvironment` API.
 
-The orchestrator sees three functions (DESIGN.md section 4), each with one argument `model` naming an alias of
+The orchestrator sees three functions (docs/design.md section 4), each with one argument `model` naming an alias of
 the `Catalog`; the alias maps (per sample, see "Remapping") to an expert LLM behind an OpenAI-compatible
 endpoint, with a price:
 
@@ -45,7 +45,7 @@ With `missing_usage="estimate"` the reply is used and the warning goes to the le
 (with `ok=True`).
 
 Prompts. `messages()` is the opening prompt: a short system prompt (plus the task's `preference_text`) and one
-user message "Problem: …". `rebuild_messages()` is the reference's training mode (DESIGN.md section 3): the
+user message "Problem: …". `rebuild_messages()` is the reference's training mode (docs/design.md section 3): the
 same system prompt and one user message rebuilt from the state each turn: "Problem: …", then "Documents:" (each
 cut to `max_doc_chars`), the code with its output and earlier answer attempts, cut from the left to
 `context_chars` characters (the reference cuts tokens; we cut characters so no tokenizer is needed here).

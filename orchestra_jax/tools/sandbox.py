@@ -64,7 +64,7 @@ import threading
 import time
 from typing import Any
 
-CODE_EXEC_USD_PER_S = 8.3e-6  # price of code execution per wall-clock second (DESIGN.md section 4)
+CODE_EXEC_USD_PER_S = 8.3e-6  # price of code execution per wall-clock second (docs/design.md section 4)
 
 NETWORK_MODES = ("auto", "namespace", "patch", "allow")
 KILLED_REASONS = ("timeout", "output_limit", "memory", "cpu", "file_size", "signal")
