@@ -1,4 +1,4 @@
-"""The ToolOrchestra orchestrator: Qwen3-8B trained with GRPO on the paper's hyperparameters (DESIGN.md 2, 5, 6).
+"""The ToolOrchestra orchestrator: Qwen3-8B trained with GRPO on the paper's hyperparameters (docs/design.md sections 2, 5, 6).
 
 A complete `orchestra train` config for a pod (launch/tpu_pod.sh, launch/gpu.sh), and the settings `orchestra eval`
 and `orchestra generate` read. Before a run:
@@ -58,7 +58,7 @@ def get_config() -> ml_collections.ConfigDict:
       "temperature": 1.0,  # paper: 1.0
       "top_p": 1.0,
       "top_k": 0,
-      "mode": "rebuild",  # the reference rebuilds one user message from state each turn (DESIGN.md 3)
+      "mode": "rebuild",  # the reference rebuilds one user message from state each turn (docs/design.md section 3)
       "tool_workers": 64,  # tool calls in flight at once (experts answer in 9-96 s)
       "max_len": 32768,  # prompt up to 24000 + response 8768 (paper)
       "batch_size": 128,  # sampler slots = prompts_per_step x group_size: one step's rollouts decode together

@@ -14,7 +14,7 @@ from orchestra_jax.errors import UserError
 
 _EPILOG = textwrap.dedent("""\
     examples:
-      orchestra init-random --config configs/tiny.py --out runs/tiny
+      orchestra init-random --config tiny --out runs/tiny
       orchestra generate --model runs/tiny --prompt "What is 17 * 23?" --chat
       orchestra convert hf-to-jax ~/Qwen3-8B runs/qwen3-8b
       orchestra convert jax-to-hf runs/qwen3-8b exports/qwen3-8b --max-shard-size 5GB --dtype bfloat16
@@ -23,9 +23,10 @@ _EPILOG = textwrap.dedent("""\
 
 
 def _add_config_args(p: argparse.ArgumentParser, default: str | None):
-  p.add_argument("--config", default=default, metavar="FILE",
-                 help="ml_collections config file (configs/*.py). Any field can be overridden with "
-                      "--config.FIELD.PATH=VALUE, e.g. --config.model.num_layers=4"
+  p.add_argument("--config", default=default, metavar="NAME|FILE",
+                 help="a packaged config by name (demo, tiny, orchestrator_8b), a config file (a .py defining "
+                      "get_config(), e.g. configs/tiny.py) or a run's saved WORKDIR/config.json. Any field can be "
+                      "overridden with --config.FIELD.PATH=VALUE, e.g. --config.model.num_layers=4"
                       + (f" (default: {default})" if default else ""))
 
 
@@ -75,13 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
   # init-random
   init = sub.add_parser("init-random", help="write a randomly initialised model checkpoint (for tests and demos)",
                         description="Create a random Qwen3 checkpoint from a config, with the bundled Qwen3 tokenizer.")
-  _add_config_args(init, "configs/tiny.py")
+  _add_config_args(init, "tiny")
   init.add_argument("--out", required=True, metavar="DIR", help="output checkpoint directory (must not exist yet)")
   init.add_argument("--seed", type=int, default=None, help="PRNG seed (default: the config's seed)")
 
   train = sub.add_parser("train", help="RL-train an orchestrator (GRPO with the multi-objective reward)",
                          description="Run the RL loop of a config; resumes from the latest checkpoint in its workdir.")
-  _add_config_args(train, "configs/demo.py")
+  _add_config_args(train, "demo")
   train.add_argument("--quiet", action="store_true", help="no progress bars")
   train.add_argument("--check", action="store_true",
                      help="check everything the run needs without training: the config, the starting checkpoint's "

@@ -1,8 +1,11 @@
-"""Experiment configs: python files under `configs/` that define `get_config() -> ml_collections.ConfigDict`.
+"""Experiment configs: python files that define `get_config() -> ml_collections.ConfigDict`.
 
-A run is `orchestra <command> --config configs/tiny.py --config.model.num_layers=4 ...`. Overrides are parsed
-by the type of the field they replace, and every mistake (unknown key, bad value, missing file) is one
-`ConfigFileError` line that names the key, so a typo fails before any device work starts.
+A run is `orchestra <command> --config tiny --config.model.num_layers=4 ...`. `--config` takes a file path or
+the name of a packaged config (`demo`, `tiny`, `orchestrator_8b`: the repository's `configs/`, shipped in the
+wheel; see `resources.resolve_config`), or a run's saved `config.json` (`save_config`, written by every
+`orchestra train` into its workdir), so a run can be repeated exactly. Overrides are parsed by the type of the
+field they replace, and every mistake (unknown key, bad value, missing file) is one `ConfigFileError` line that
+names the key, so a typo fails before any device work starts.
 """
 
 from __future__ import annotations
@@ -10,13 +13,16 @@ from __future__ import annotations
 import ast
 import difflib
 import importlib.util
+import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import ml_collections
 
+from orchestra_jax import resources
 from orchestra_jax.errors import UserError
-
 from orchestra_jax.model.config import ConfigError, ModelConfig
 
 _PREFIX = "config."
@@ -29,12 +35,17 @@ class ConfigFileError(UserError, ValueError):
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ml_collections.ConfigDict:
-  """Runs `get_config()` of the config file at `path`, applies `overrides`, and locks the result.
+  """Runs `get_config()` of the config file at `path` (a path, a packaged config's name, or a saved
+  `config.json`), applies `overrides`, and locks the result.
 
   Overrides look like `--config.model.num_layers=4`, `config.model.num_layers=4`, or the two tokens
   `--config.model.num_layers 4`. Locking means later code cannot add keys by typo either.
   """
-  cfg = _run_config_file(Path(path))
+  try:
+    found = resources.resolve_config(path)
+  except resources.DataNotFoundError as e:
+    raise ConfigFileError(str(e)) from None
+  cfg = _read_json_config(found) if found.suffix == ".json" else _run_config_file(found)
   for key, text in _override_pairs(overrides):
     _apply(cfg, key, text)
   cfg.lock()
@@ -77,7 +88,47 @@ def split_config_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
   return overrides, rest
 
 
+def save_config(cfg: ml_collections.ConfigDict, path: str | Path) -> Path:
+  """Writes the resolved config (overrides applied) as JSON, atomically and world-readable; `load_config`
+  reads it back (`--config WORKDIR/config.json`)."""
+  path = Path(path)
+  text = json.dumps(cfg.to_dict(), indent=2, sort_keys=True, default=_json_default) + "\n"
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+  try:
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+      f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+  except BaseException:
+    Path(tmp).unlink(missing_ok=True)
+    raise
+  return path
+
+
+def _json_default(value: Any) -> Any:
+  raise TypeError(f"config value {value!r} of type {type(value).__name__} cannot be saved as JSON")
+
+
 # --- loading -----------------------------------------------------------------------------------------
+
+def _read_json_config(path: Path) -> ml_collections.ConfigDict:
+  """A config saved by `save_config`. JSON has no tuples: lists become tuples, as config files write them."""
+  try:
+    data = json.loads(path.read_text(encoding="utf-8"))
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ConfigFileError(f"config file {path} is not a readable JSON config: {_one_line(str(e))}") from None
+  if not isinstance(data, dict):
+    raise ConfigFileError(f"config file {path} must hold a JSON object, got {type(data).__name__}")
+
+  def tuples(value: Any) -> Any:
+    if isinstance(value, dict):
+      return {k: tuples(v) for k, v in value.items()}
+    if isinstance(value, list):
+      return tuple(tuples(v) for v in value)
+    return value
+
+  return ml_collections.ConfigDict(tuples(data))
+
 
 def _run_config_file(path: Path) -> ml_collections.ConfigDict:
   if not path.is_file():

@@ -1,6 +1,6 @@
 """`orchestra eval`: run an orchestrator on a benchmark, grade it, report accuracy, cost, latency and tool use.
 
-    orchestra eval --config configs/orchestrator_8b.py --benchmark frames --model runs/ckpt --limit 100 \\
+    orchestra eval --config orchestrator_8b --benchmark frames --model runs/ckpt --limit 100 \\
         --judge-endpoint http://127.0.0.1:8200 --judge-model Qwen/Qwen3-32B --out runs/eval/frames-ckpt
 
 Benchmarks (`BENCHMARKS`):
@@ -101,7 +101,7 @@ class EvalError(UserError, ValueError):
 class EvalSettings:
   """Eval knobs; set them in the config file's optional `eval` section (`--config.eval.max_turns=20`)."""
 
-  max_turns: int = 50  # DESIGN.md section 6: 50 turns at evaluation
+  max_turns: int = 50  # docs/design.md section 6: 50 turns at evaluation
   max_new_tokens: int = 2048  # per orchestrator turn (default: the config's generate.max_new_tokens if any)
   max_len: int = 0  # sampler cache positions per row; 0 = min(16384, the model's max_position_embeddings)
   batch_size: int = 8  # sampler slots (items decoded together)
@@ -844,15 +844,16 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
                   "(exact match, then an LLM judge) and report accuracy, cost, latency and tool-call shares. Results "
                   "go to OUT/results.jsonl item by item; a rerun with the same --out resumes.",
       epilog="examples:\n"
-             "  orchestra eval --config configs/orchestrator_8b.py --benchmark frames --model runs/ckpt --limit 50 \\\n"
+             "  orchestra eval --config orchestrator_8b --benchmark frames --model runs/ckpt --limit 50 \\\n"
              "      --judge-endpoint http://127.0.0.1:8200 --judge-model Qwen/Qwen3-32B\n"
-             "  orchestra eval --config configs/tiny.py --benchmark hle --hle-path ~/hle.parquet \\\n"
+             "  orchestra eval --config tiny --benchmark hle --hle-path ~/hle.parquet \\\n"
              "      --orchestrator-endpoint http://127.0.0.1:8101 --orchestrator-model gpt-5 --out runs/eval/hle-gpt5\n"
              "settings (config section 'eval', all optional): "
              + ", ".join(f.name for f in dataclasses.fields(EvalSettings)))
-  p.add_argument("--config", required=True, metavar="FILE",
-                 help="ml_collections config file (configs/*.py); its optional 'eval' section holds the settings "
-                      "below; any field can be overridden with --config.FIELD.PATH=VALUE")
+  p.add_argument("--config", required=True, metavar="NAME|FILE",
+                 help="a packaged config by name (demo, tiny, orchestrator_8b) or a config file (configs/*.py); its "
+                      "optional 'eval' section holds the settings below; any field can be overridden with "
+                      "--config.FIELD.PATH=VALUE")
   p.add_argument("--benchmark", required=True, metavar="NAME", help=f"one of {', '.join(BENCHMARKS)}")
   p.add_argument("--model", metavar="DIR", help="orchestrator checkpoint (or HF Qwen3 directory, or orchestra train "
                                                  "WORKDIR[/checkpoints/STEP]), run by the sampler")

@@ -1,6 +1,6 @@
 """`orchestra train`: the RL loop. data -> rollouts -> reward -> advantages -> update, with eval and checkpoints.
 
-One RL step (DESIGN.md sections 5-6):
+One RL step (docs/design.md sections 5-6):
   1. the grain iterator yields `prompts_per_step` tasks; each is repeated `group_size` times;
   2. the agent loop samples multi-turn trajectories with the current policy (sampler + the task family's tool
      environment, `environments.ENVIRONMENTS[config.env.name]`), grading each one the moment it ends;
@@ -104,8 +104,17 @@ def architecture_mismatch(checkpoint_config: ModelConfig, model_config: ModelCon
   return sorted(k for k, v in theirs.items() if getattr(model_config, k) != v)
 
 
+# Top-level keys every training config has; a config without them (e.g. tiny: a model only) cannot train.
+TRAINING_SECTIONS = ("env", "steps", "prompts_per_step", "group_size", "rollout", "reward", "train", "sft", "workdir")
+
+
 def validate(cfg: ml_collections.ConfigDict) -> None:
   """Config problems as one clear line each, before any work starts."""
+  missing = [k for k in TRAINING_SECTIONS if k not in cfg]
+  if missing:  # e.g. a model-only config (tiny) given to `orchestra train`
+    raise config_lib.ConfigFileError(
+        f"config lacks {', '.join(repr(k) for k in missing)}: not a training config (training configs: demo, "
+        "orchestrator_8b)")
   validate_env(cfg)
   for key in ("steps", "prompts_per_step", "group_size", "train.mini_batch_size", "rollout.batch_size"):
     node = cfg
@@ -228,6 +237,8 @@ class Trainer:
     self.workdir = Path(cfg.workdir).absolute()
     self.is_main = jax.process_index() == 0
     self.workdir.mkdir(parents=True, exist_ok=True)
+    if self.is_main:  # the resolved config (overrides applied): `--config WORKDIR/config.json` repeats the run
+      config_lib.save_config(cfg, self.workdir / "config.json")
     self.train_config = _train_config(cfg)
     self.reward_config = _reward_config(cfg)
     from orchestra_jax import tokenizer as tokenizer_lib
@@ -305,6 +316,9 @@ class Trainer:
       updates, opt_state = tx.update(grads, opt_state, params)
       return optax.apply_updates(params, updates), opt_state, loss
 
+    if len(rows) < sft.batch_size:
+      raise config_lib.ConfigFileError(f"config key 'sft.batch_size' ({sft.batch_size}) exceeds the {len(rows)} "
+                                       "warm-up examples the training tasks give; lower it or add tasks")
     rng = np.random.default_rng(self.cfg.seed)
     params = state.params
     bar = self._bar(range(sft.steps), "warm-up")

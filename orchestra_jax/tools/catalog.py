@@ -23,8 +23,6 @@ Config file (JSON), e.g. configs/tools/default_catalog.json:
 
 from __future__ import annotations
 
-from orchestra_jax.errors import UserError
-
 import copy
 import dataclasses
 import json
@@ -33,7 +31,9 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-DEFAULT_CATALOG_PATH = Path(__file__).resolve().parents[2] / "configs" / "tools" / "default_catalog.json"
+from orchestra_jax.errors import UserError
+from orchestra_jax.resources import default_catalog_path
+
 QA_TOOLS = ("search", "enhance_reasoning", "answer")
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -158,8 +158,8 @@ class Catalog:
 
   @classmethod
   def default(cls) -> "Catalog":
-    """The reference catalog of DESIGN.md section 4 (configs/tools/default_catalog.json)."""
-    return cls.load(DEFAULT_CATALOG_PATH)
+    """The reference catalog of docs/design.md section 4 (configs/tools/default_catalog.json)."""
+    return cls.load(default_catalog_path())
 
   @classmethod
   def from_dict(cls, data: Any, source: str = "<dict>") -> "Catalog":
