@@ -7,10 +7,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test bench clean-venv
 
-$(STAMP): pyproject.toml
+# constraints.txt pins the exact tested versions; pyproject.toml keeps ranges for other environments.
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
 # The main job: the CPU demo. A tiny random Qwen3 (real Qwen3 tokenizer) is warmed up on the tool-call format,
@@ -18,8 +19,8 @@ $(STAMP): pyproject.toml
 # warm-up, preferring the expert. Writes runs/demo/{cheap,expert} (metrics, plots, checkpoints); a rerun
 # resumes from the latest checkpoints.
 demo: $(STAMP)
-	$(BIN)/orchestra train --config configs/demo.py --config.workdir=runs/demo/cheap
-	$(BIN)/orchestra train --config configs/demo.py --config.workdir=runs/demo/expert \
+	$(BIN)/orchestra train --config demo --config.workdir=runs/demo/cheap
+	$(BIN)/orchestra train --config demo --config.workdir=runs/demo/expert \
 	  "--config.env.preferences=('expert',)" --config.init_checkpoint=runs/demo/cheap/reference --config.sft.steps=0
 
 test: $(STAMP)
