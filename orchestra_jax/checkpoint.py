@@ -131,6 +131,14 @@ def find_train_checkpoint(path: str | os.PathLike) -> TrainCheckpoint | None:
 
 # --- save and load -------------------------------------------------------------------------------------
 
+def make_world_readable(paths) -> None:
+  """Files 0644, folders 0755, whatever the umask or the writer chose (safetensors writes 0600): a model is
+  served by another user more often than not (a vLLM container, a shared cluster account)."""
+  for path in paths:
+    path = Path(path)
+    os.chmod(path, 0o755 if path.is_dir() else 0o644)
+
+
 def copy_tokenizer_files(src: str | os.PathLike, dst: str | os.PathLike) -> list[str]:
   """Copies the tokenizer files found in `src` to `dst`; returns their names."""
   copied = []
@@ -158,8 +166,8 @@ def save_model(path: str | os.PathLike, config: ModelConfig, params: Any, tokeni
     tmp = path / (MODEL_CONFIG_FILE + ".tmp")
     tmp.write_text(config.to_json())
     os.replace(tmp, path / MODEL_CONFIG_FILE)
-    if tokenizer_dir:
-      copy_tokenizer_files(tokenizer_dir, path)
+    copied = copy_tokenizer_files(tokenizer_dir, path) if tokenizer_dir else []
+    make_world_readable([path, path / MODEL_CONFIG_FILE, *(path / name for name in copied)])
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(f"save_model {path}")

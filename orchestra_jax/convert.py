@@ -260,8 +260,9 @@ def export_hf(params: Any, config: ModelConfig, out_dir: str | os.PathLike, max_
   (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
   (out / "config.json").write_text(json.dumps(config.to_hf_config(), indent=2))
   (out / "generation_config.json").write_text(json.dumps(generation_config(config), indent=2))
-  if tokenizer_dir:
-    checkpoint.copy_tokenizer_files(tokenizer_dir, out)
+  copied = checkpoint.copy_tokenizer_files(tokenizer_dir, out) if tokenizer_dir else []
+  written = [*file_names, "model.safetensors.index.json", "config.json", "generation_config.json", *copied]
+  checkpoint.make_world_readable([out, *(out / name for name in written)])
   return out
 
 
