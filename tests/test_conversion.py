@@ -80,6 +80,29 @@ def test_tokenizer_files_are_copied_through(tmp_path):
   assert tok.convert_tokens_to_ids("<|im_end|>") == 151645
 
 
+def test_served_files_are_world_readable_whatever_the_umask(tmp_path):
+  """vLLM in a container, or a colleague's account, reads what we write: 0644 files, 0755 folders."""
+  import os
+  import stat
+  from orchestra_jax import tokenizer
+  from orchestra_jax.model.config import tiny
+  import jax
+  config = tiny(num_layers=1)
+  params = qwen3.init_params(config, jax.random.key(0))
+  old = os.umask(0o077)
+  try:
+    checkpoint.save_model(tmp_path / "ckpt", config, params, tokenizer_dir=str(tokenizer.qwen3_tokenizer_dir()))
+    convert.jax_to_hf(tmp_path / "ckpt", tmp_path / "hf", max_shard_size="10MB")
+  finally:
+    os.umask(old)
+  served = sorted((tmp_path / "hf").iterdir())
+  assert len([p for p in served if p.suffix == ".safetensors"]) > 1
+  assert {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in served} == {p.name: "0o644" for p in served}
+  assert stat.S_IMODE((tmp_path / "hf").stat().st_mode) == 0o755
+  for name in ("model_config.json", "tokenizer.json"):
+    assert stat.S_IMODE((tmp_path / "ckpt" / name).stat().st_mode) == 0o644
+
+
 def test_bf16_export_keeps_bf16(hf_dirs, tmp_path):
   _, hf_dir = hf_dirs["tied_mha"]
   convert.hf_to_jax(hf_dir, tmp_path / "ckpt", param_dtype="bfloat16")
