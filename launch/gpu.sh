@@ -14,8 +14,10 @@ Usage: launch/gpu.sh --config FILE [--mode local] [--gpus 0,1,..] [--num-process
        launch/gpu.sh --config FILE --mode slurm --nodes N [--submit] [options]
        (trainer arguments: [--config.KEY=VALUE ...] [-- EXTRA TRAINER ARGS...])
 
-Runs `orchestra train --config FILE ...` as one JAX process per host (or per --num-processes on one host). With
-more than one process, every process gets
+Runs `orchestra train --config FILE ...` as one JAX process per host (or per --num-processes on one host), after
+the pre-flight `orchestra train ... --check` on every host (each host reaches the endpoints and the shared storage
+on its own; a failed check stops the launch before anything trains; skip with --no-check). With more than one
+process, every process gets
     ORCHESTRA_COORDINATOR=HOST0:PORT  ORCHESTRA_NUM_PROCESSES=N  ORCHESTRA_PROCESS_ID=i
 and the trainer calls jax.distributed.initialize() with them (orchestra_jax/distributed.py). Each process logs to
 logs/worker-<hostname>.log (logs/worker-<hostname>-p<i>.log with --num-processes) under the repository.
@@ -29,6 +31,7 @@ Modes:
          --remote-dir on every host (shared filesystem or --sync) with its venv installed.
   slurm  writes an sbatch script (one task per node, `srun`; process id = SLURM_PROCID, count = SLURM_NTASKS,
          coordinator = first node of `scontrol show hostnames $SLURM_JOB_NODELIST`), and submits it with --submit.
+         The job runs the pre-flight check on every node (one `srun` step) before the training step.
 
 Required:
   --config FILE            trainer config, relative to the repository root (e.g. configs/orchestrator_8b.py).
@@ -46,7 +49,10 @@ Common options:
   --coordinator ADDR       coordinator host or host:port others can reach (default: first host / first node /
                            127.0.0.1), e.g. an InfiniBand or internal IP.
   --gpus LIST              CUDA_VISIBLE_DEVICES for every process (local, ssh), e.g. 0,1,2,3.
-  --venv DIR               virtual environment with `orchestra`, relative to the repository (default: .venv).
+  --venv DIR               virtual environment with `orchestra`, relative to the repository (default: .venv);
+                           install it from the tested set: pip install -c constraints.txt -e .
+  --no-check               skip the pre-flight `orchestra train --check` (config, starting checkpoint, workdir,
+                           data and domains, every endpoint) on every host.
   --dry-run                print every command (one per line, prefixed "+ "; slurm: the sbatch script) and run
                            nothing.
   -h, --help               show this help.
@@ -69,7 +75,7 @@ slurm options:
   --submit                 run `sbatch FILE` after writing it.
 
 Examples:
-  launch/gpu.sh --config configs/tiny.py --config.train.steps=10
+  launch/gpu.sh --config configs/demo.py --config.steps=10
   launch/gpu.sh --mode ssh --hosts gpu1,gpu2 --config configs/orchestrator_8b.py --env ORCHESTRA_DATA_DIR=/data
   launch/gpu.sh --mode slurm --nodes 4 --partition a100 --time 24:00:00 --config configs/orchestrator_8b.py --submit
 EOF
@@ -108,7 +114,7 @@ kill_tree() {
 
 # ---------------------------------------------------------------------------------------------------------------
 # Flags
-MODE=local CONFIG="" HOSTS="" PORT=12355 COORD="" GPUS="" VENV=.venv NUM_PROCS=1 REMOTE_DIR="" SYNC=0 STOP=0
+MODE=local CONFIG="" HOSTS="" PORT=12355 COORD="" GPUS="" VENV=.venv NUM_PROCS=1 REMOTE_DIR="" SYNC=0 STOP=0 CHECK=1
 NODES="" GPUS_PER_NODE=8 PARTITION="" ACCOUNT="" TIME="" CPUS="" JOB_NAME=orchestra SCRIPT="" SUBMIT=0
 TRAIN_ARGS=() ENV_ARGS=() SBATCH_ARGS=()
 
@@ -152,6 +158,7 @@ while [[ $# -gt 0 ]]; do
       [[ $val =~ ^[0-9]+(,[0-9]+)*$ ]] || usage_error "--gpus wants comma-separated GPU ids like 0,1,2,3, got '$val'"
       GPUS=$val ;;
     --venv) need_value "$@"; VENV=$val ;;
+    --no-check) CHECK=0 ;;
     --num-processes) need_value "$@"; need_int 1; NUM_PROCS=$val ;;
     --remote-dir) need_value "$@"; REMOTE_DIR=$val ;;
     --sync) SYNC=1 ;;
@@ -217,7 +224,7 @@ shell_env() {
 if [[ $MODE == local ]]; then
   if [[ $ORCH == /* ]]; then orch_path=$ORCH; else orch_path=$REPO_DIR/$ORCH; fi
   [[ $DRY_RUN == 1 || -x $orch_path ]] || \
-    die "$orch_path not found: install first (make, or python3 -m venv .venv && .venv/bin/pip install -e .), or pass --venv"
+    die "$orch_path not found: install first (make, or python3 -m venv .venv && .venv/bin/pip install -c constraints.txt -e .), or pass --venv"
   ngpus=0
   if [[ -n $GPUS ]]; then ngpus=$(( $(echo "$GPUS" | tr -cd ',' | wc -c) + 1 )); fi
   if [[ $NUM_PROCS -gt 1 && $ngpus -gt 0 && $((ngpus % NUM_PROCS)) -ne 0 ]]; then
@@ -245,9 +252,15 @@ if [[ $MODE == local ]]; then
     cmds+=("cd $qrepo && mkdir -p logs && ${exports}set -o pipefail && $TRAIN_CMD 2>&1 | tee $log")
     i=$((i + 1))
   done
+  shell_env; check_cmd="cd $qrepo && ${REPLY}$TRAIN_CMD --check"  # one host: one check, whatever the process count
   if [[ $DRY_RUN == 1 ]]; then
+    if [[ $CHECK == 1 ]]; then echo "+ $check_cmd"; fi
     for c in "${cmds[@]}"; do echo "+ $c"; done
     exit 0
+  fi
+  if [[ $CHECK == 1 ]]; then
+    echo "+ $check_cmd" >&2
+    bash -c "$check_cmd" || die "the pre-flight check failed (table above); fix it, or skip the check with --no-check"
   fi
   if [[ $NUM_PROCS -eq 1 ]]; then
     echo "+ ${cmds[0]}" >&2
@@ -309,7 +322,13 @@ if [[ $MODE == ssh ]]; then
     cmds+=("cd $qdir && mkdir -p logs && ${exports}set -o pipefail && $TRAIN_CMD 2>&1 | tee \"logs/worker-\$(hostname).log\"")
     i=$((i + 1))
   done
+  # Every host reaches the endpoints and the shared storage on its own, so each checks for itself.
+  shell_env; check_cmd="cd $qdir && ${REPLY}$TRAIN_CMD --check"
   if [[ $DRY_RUN == 1 ]]; then
+    if [[ $CHECK == 1 ]]; then
+      note "pre-flight check on every host; training starts only when all pass"
+      for h in "${HOST_LIST[@]}"; do run ssh "$h" "$check_cmd"; done
+    fi
     note "$n process(es), coordinator $coord; all started at once"
     i=0
     for h in "${HOST_LIST[@]}"; do run ssh "$h" "${cmds[$i]}"; i=$((i + 1)); done
@@ -324,6 +343,19 @@ if [[ $MODE == ssh ]]; then
     exit 130
   }
   trap on_signal INT TERM
+  if [[ $CHECK == 1 ]]; then
+    for h in "${HOST_LIST[@]}"; do
+      ( run ssh "$h" "$check_cmd" 2>&1 | while IFS= read -r line; do printf '[%s] %s\n' "$h" "$line"; done ) &
+      pids+=("$!")
+    done
+    failed=()
+    i=0
+    for p in "${pids[@]}"; do wait "$p" || failed+=("${HOST_LIST[$i]}"); i=$((i + 1)); done
+    if [[ ${#failed[@]} -gt 0 ]]; then
+      die "the pre-flight check failed on: ${failed[*]} (tables above); fix it, or skip the check with --no-check"
+    fi
+    pids=()
+  fi
   i=0
   for h in "${HOST_LIST[@]}"; do
     ( run ssh "$h" "${cmds[$i]}" 2>&1 | while IFS= read -r line; do printf '[%s] %s\n' "$h" "$line"; done ) &
@@ -368,6 +400,14 @@ write_sbatch() {
   if [[ ${#ENV_ARGS[@]} -gt 0 ]]; then join_quoted "${ENV_ARGS[@]}"; echo "export $REPLY"; fi
   echo "TRAIN_ARGS=($qargs)"
   echo 'echo "orchestra: $SLURM_NNODES node(s), coordinator $ORCHESTRA_COORDINATOR"'
+  if [[ $CHECK == 1 ]]; then
+    echo '# Pre-flight on every node (seconds, no GPU use): each node reaches the endpoints and shared storage itself.'
+    echo 'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --label \'
+    echo "  bash -c 'exec \"\$0\" train \"\$@\" --check' $qorch \"\${TRAIN_ARGS[@]}\" || {"
+    echo '  echo "orchestra: the pre-flight check failed (tables above); fix it, or submit without it (launch/gpu.sh --no-check)" >&2'
+    echo '  exit 2'
+    echo '}'
+  fi
   echo '# One task per node; each maps SLURM_PROCID/SLURM_NTASKS to the process id/count; logs per task.'
   echo 'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 --output="logs/worker-%j-%t.log" \'
   echo "  bash -c 'export ORCHESTRA_PROCESS_ID=\$SLURM_PROCID ORCHESTRA_NUM_PROCESSES=\$SLURM_NTASKS; exec \"\$0\" train \"\$@\"' \\"

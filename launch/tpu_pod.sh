@@ -22,9 +22,12 @@ Steps (default action):
   1. gcloud compute tpus tpu-vm describe NAME: reuse it if READY; create it if it does not exist.
   2. Code: `git archive` of the local repository's HEAD (committed files only) copied to every worker with
      `tpu-vm scp --worker=all` and unpacked into REMOTE_DIR; or, with --repo, `git clone`/`fetch` on every worker.
-  3. Install: REMOTE_DIR/.venv (python3 >= 3.11, else a uv-managed Python 3.11), `pip install -e . jax[tpu]==V`.
-  4. Check: `orchestra train ... --check` on worker 0 (config, starting checkpoint, workdir, data, every endpoint);
-     the launch stops there when a check fails, before the pod trains (skip with --no-check).
+  3. Install: REMOTE_DIR/.venv (python3 >= 3.11, else a uv-managed Python 3.11),
+     `pip install -c constraints.txt -e . jax[tpu]`: the exact versions the tests pass with (constraints.txt at
+     the repository root, shipped with the code), jax's TPU runtime on top.
+  4. Check: `orchestra train ... --check` on every worker (config, starting checkpoint, workdir, data and domains,
+     every endpoint), since each worker reaches the endpoints and the shared storage on its own; the launch stops
+     there when a check fails on any worker, before the pod trains (skip with --no-check).
   5. Train: `tpu-vm ssh NAME --worker=all --command "... orchestra train ..."`.
 
 Required:
@@ -57,14 +60,15 @@ Code and install options:
   --remote-dir DIR         where the code lives on each worker, relative to the home directory or absolute
                            (default: orchestra-jax).
   --python PY              Python (>= 3.11) for the worker venv (default: python3 if >= 3.11, else uv's 3.11).
-  --jax-version V          jax[tpu] version to install (default: the jax pin in pyproject.toml).
+  --jax-version V          install jax[tpu]==V instead of constraints.txt's jax/jaxlib pins (the rest of the tested
+                           set stays pinned; default: constraints.txt's jax).
   --skip-install           do not (re)create the venv or pip install (code is still shipped).
   --skip-code              do not ship code either (rerun what is already on the workers).
 
 Run options:
   --detach                 start training in the background (nohup) and return; follow it with --fetch-logs.
   --kill-existing          first stop any `orchestra train` left running on the workers (it would hold the TPU).
-  --no-check               skip the pre-flight `orchestra train --check` on worker 0.
+  --no-check               skip the pre-flight `orchestra train --check` on every worker.
 
 Other actions (each runs alone, then exits):
   --fetch-logs             copy REMOTE_DIR/logs/worker-*.log from every worker into --logs-dir.
@@ -190,7 +194,10 @@ fi
 [[ $SPOT == 1 && $PREEMPTIBLE == 1 ]] && usage_error "--spot and --preemptible cannot be combined"
 [[ -n $REF && -z $REPO ]] && usage_error "--ref needs --repo (without --repo the local HEAD is shipped)"
 [[ -n $REPO && -n $SRC ]] && usage_error "--repo and --src cannot be combined"
-[[ $REMOTE_DIR == "~/"* ]] && REMOTE_DIR=${REMOTE_DIR#"~/"}  # ssh and scp start in the home directory anyway
+# A "~/" as typed (quoted: it must not expand to the local home) is dropped: ssh and scp start in the home
+# directory anyway.
+# shellcheck disable=SC2088
+[[ $REMOTE_DIR == "~/"* ]] && REMOTE_DIR=${REMOTE_DIR#"~/"}
 [[ -n $REMOTE_DIR && $REMOTE_DIR != "~" ]] || usage_error "--remote-dir must name a folder"
 
 if [[ $DRY_RUN == 0 ]] && ! command -v gcloud >/dev/null 2>&1; then
@@ -239,12 +246,14 @@ if [[ -z $REPO ]]; then
   [[ -e $SRC/.git ]] || die "$SRC is not a git repository (the code shipped is 'git archive HEAD'); use --src or --repo"
   [[ -f $SRC/$CONFIG ]] || die "config file '$CONFIG' not found in $SRC (--config is relative to the repository root)"
 fi
-if [[ $SKIP_INSTALL == 0 && -z $JAX_VERSION ]]; then
-  pyproject=${SRC:-$SCRIPT_DIR/..}/pyproject.toml
-  if [[ -f $pyproject ]]; then
-    JAX_VERSION=$(sed -n 's/^[[:space:]]*"jax==\([^"]*\)".*/\1/p' "$pyproject" | awk 'NR == 1')
+# The workers install from constraints.txt; `git archive HEAD` ships committed files only.
+if [[ -z $REPO && $SKIP_INSTALL == 0 ]] && ! git -C "$SRC" cat-file -e HEAD:constraints.txt 2>/dev/null; then
+  if [[ $DRY_RUN == 1 ]]; then
+    note "warning: constraints.txt is not committed in $SRC: the install below would fail on the workers"
+  else
+    die "constraints.txt is not committed in $SRC: the workers install the exact tested versions from it and only" \
+        "committed files are shipped; commit it, or use --skip-install"
   fi
-  [[ -n $JAX_VERSION ]] || die "could not read the jax pin from $pyproject: pass --jax-version"
 fi
 
 # 1. The pod: reuse or create. ------------------------------------------------------------------------------------
@@ -325,7 +334,17 @@ fi
 
 # 3. Install. -----------------------------------------------------------------------------------------------------
 if [[ $SKIP_INSTALL == 0 ]]; then
-  quote "jax[tpu]==$JAX_VERSION"; qjax=$REPLY
+  # constraints.txt pins every package (jax included) to the tested set; jax[tpu] adds the TPU runtime at that jax.
+  guard="[ -f constraints.txt ] || { echo \"\$(hostname): no constraints.txt in \$(pwd):"
+  guard="$guard ship a commit that has it (the exact tested versions)\" >&2; exit 1; };"
+  if [[ -n $JAX_VERSION ]]; then
+    quote "jax[tpu]==$JAX_VERSION"; qjax=$REPLY
+    # Another jax: drop the pins that would contradict it, keep the rest of the tested set.
+    pins=.venv/constraints-jax.txt
+    filter="grep -vE '^(jax|jaxlib|libtpu)==' constraints.txt > $pins;"
+  else
+    qjax="'jax[tpu]'" pins=constraints.txt filter=""
+  fi
   if [[ -n $PYTHON ]]; then
     quote "$PYTHON"; mkvenv="$REPLY -m venv .venv"
   else
@@ -336,16 +355,27 @@ if [[ $SKIP_INSTALL == 0 ]]; then
     mkvenv="$mkvenv command -v uv >/dev/null || curl -LsSf https://astral.sh/uv/install.sh | sh;"
     mkvenv="$mkvenv uv venv --seed --python 3.11 .venv; fi"
   fi
-  remote_all "set -e; cd $QDIR; if [ ! -x .venv/bin/python ]; then $mkvenv; fi; .venv/bin/python -m pip install --quiet --upgrade pip; .venv/bin/python -m pip install --quiet -e . $qjax; echo \"\$(hostname): installed\""
+  remote_all "set -e; cd $QDIR; $guard if [ ! -x .venv/bin/python ]; then $mkvenv; fi; $filter .venv/bin/python -m pip install --quiet --upgrade pip; .venv/bin/python -m pip install --quiet -c $pins -e . $qjax; echo \"\$(hostname): installed\""
 fi
 
-# 4. Check on worker 0 (seconds; no TPU use), 5. train on all workers at once. -----------------------------------
+# 4. Check on every worker (seconds; no TPU use), 5. train on all workers at once. -------------------------------
 [[ $KILL_EXISTING == 1 ]] && remote_all "$STOP_CMD"
 join_quoted ORCHESTRA_DISTRIBUTED=1 ${ENV_ARGS[@]+"${ENV_ARGS[@]}"}; exports=$REPLY
 join_quoted .venv/bin/orchestra train --config "$CONFIG" ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}; train=$REPLY
 if [[ $CHECK == 1 ]]; then
-  run "${TPU[@]}" ssh "$NAME" "${LOC[@]}" --worker=0 --command "cd $QDIR && export $exports && $train --check" \
-    || die "the pre-flight check failed on worker 0 (table above); fix it, or skip the check with --no-check"
+  # Every worker reaches the endpoints and the shared storage on its own, so each checks for itself. Its lines
+  # carry its hostname (the workers' output interleaves; shown once all have finished), and a failure ends in a
+  # marker line: the launch stops on it even where gcloud does not pass a worker's exit status on.
+  failed_marker="pre-flight check FAILED"
+  check="{ $train --check 2>&1 || { echo '$failed_marker'; exit 2; }; } | sed \"s/^/[\$(hostname)] /\""
+  check_status=0
+  check_out=$(remote_all "cd $QDIR && export $exports && set -o pipefail && $check") || check_status=$?
+  [[ -z $check_out ]] || printf '%s\n' "$check_out"
+  failed_on=$(printf '%s\n' "$check_out" | tr -d '\r' | sed -n "s/^\[\(.*\)\] $failed_marker\$/\1/p" | tr '\n' ' ')
+  failed_on=${failed_on% }
+  if [[ $check_status != 0 || -n $failed_on ]]; then
+    die "the pre-flight check failed${failed_on:+ on $failed_on} (tables above); fix it, or skip the check with --no-check"
+  fi
 fi
 log='"logs/worker-$(hostname).log"'
 if [[ $DETACH == 1 ]]; then

@@ -52,6 +52,18 @@ def trainer_args(shell_code: str) -> list[str]:
   return words[start + 1:end]
 
 
+def hostname() -> str:
+  """What `$(hostname)` gives in the remote commands (run here by the fakes)."""
+  return subprocess.run(["hostname"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def unprefixed(line: str) -> str:
+  """A line of tpu_pod.sh's pre-flight output without its "[<worker hostname>] " prefix."""
+  prefix = f"[{hostname()}] "
+  assert line.startswith(prefix), line
+  return line[len(prefix):]
+
+
 def path_without(tmp_path: Path, *names: str) -> str:
   """A PATH with every command of the current PATH except `names` (merged /usr makes PATH=/bin unsafe)."""
   d = tmp_path / "bin_without"
@@ -128,12 +140,14 @@ def test_tpu_dry_run_prints_every_step(tmp_path):
 
   ssh = [c for c in cmds if c[0] == "gcloud" and c[4] == "ssh"]
   assert all(c[5] == "pod-1" for c in ssh)
-  assert ["--worker=all" in c for c in ssh] == [True, True, False, True] and "--worker=0" in ssh[2]
+  assert len(ssh) == 4 and all("--worker=all" in c for c in ssh)  # the pre-flight too: each worker checks itself
   unpack, install, check, train = (remote_command(c) for c in ssh)
-  assert trainer_args(check) == ["--config", CONFIG, *TRICKY, "--check"]  # the pre-flight, on worker 0
+  assert trainer_args(check) == ["--config", CONFIG, *TRICKY, "--check"]
+  assert "ORCHESTRA_DISTRIBUTED=1" in check and "'ORCHESTRA_DATA_DIR=/mnt/my data'" in check
   assert "tar -xzf" in unpack
-  assert "-m venv .venv" in install and "pip install" in install and "-e ." in install
-  assert "'jax[tpu]==0.10.2'" in install  # the pyproject pin
+  assert "-m venv .venv" in install and "[ -f constraints.txt ]" in install
+  # the exact tested set, shipped with the code; jax[tpu] follows its jax pin
+  assert "pip install --quiet -c constraints.txt -e . 'jax[tpu]';" in install and "jax[tpu]==" not in install
   assert "ORCHESTRA_DISTRIBUTED=1" in train and "'ORCHESTRA_DATA_DIR=/mnt/my data'" in train
   assert 'tee "logs/worker-$(hostname).log"' in train
   assert trainer_args(train) == ["--config", CONFIG, *TRICKY]
@@ -146,6 +160,7 @@ def test_tpu_trainer_args_survive_the_remote_shell(tmp_path):
   r = sh(TPU, "--dry-run", *TPU_BASE, "--skip-code", *TRICKY[:2], "--env", "X_Y=a 'b'", "--", *TRICKY[2:])
   assert r.returncode == 0, r.stderr
   check_cmd, train_cmd = [c for c in commands(r.stdout) if c[0] == "gcloud"][2:]  # describe, create, check, train
+  assert "--worker=all" in check_cmd
   home = tmp_path / "home"
   stub = home / "orchestra-jax" / ".venv" / "bin" / "orchestra"
   stub.parent.mkdir(parents=True)
@@ -159,7 +174,8 @@ def test_tpu_trainer_args_survive_the_remote_shell(tmp_path):
   assert argv == ["train", "--config", CONFIG, *TRICKY] and flag == "1" and xy == "a 'b'"
   out = subprocess.run(["bash", "-c", remote_command(check_cmd)], cwd=home, capture_output=True, text=True,
                        env=dict(os.environ, HOME=str(home)), timeout=60)
-  assert out.returncode == 0 and json.loads(out.stdout)[0] == [*argv, "--check"], out.stderr
+  assert out.returncode == 0, out.stderr
+  assert json.loads(unprefixed(out.stdout.strip()))[0] == [*argv, "--check"]  # each line names its worker
   logs = list((home / "orchestra-jax" / "logs").glob("worker-*.log"))
   assert len(logs) == 1 and json.loads(logs[0].read_text())[0] == argv
 
@@ -173,7 +189,8 @@ def test_tpu_repo_mode_and_detach(tmp_path):
   assert cmds[1][cmds[1].index("--version") + 1] == "my-runtime"
   remote = [remote_command(c) for c in cmds if "--command" in c]
   clone, install, kill, check, train = remote
-  assert check.endswith("--check") and "nohup" not in check
+  assert "--check 2>&1" in check and "nohup" not in check
+  assert "-c constraints.txt -e ." in install
   assert "git clone --quiet https://github.com/me/orchestra-jax.git code/orch" in clone
   assert "git fetch --quiet origin v1.2" in clone and "checkout --quiet --force FETCH_HEAD" in clone
   assert "cd code/orch" in install
@@ -234,6 +251,15 @@ def test_tpu_flag_errors():
   assert r.returncode == 0 and "--version tpu-ubuntu2204-base" in r.stdout
 
 
+def test_tpu_jax_version_keeps_the_other_pins():
+  r = sh(TPU, "--dry-run", *TPU_BASE, "--repo", "https://example.com/o.git", "--jax-version", "0.10.9")
+  assert r.returncode == 0, r.stderr
+  install = [remote_command(c) for c in commands(r.stdout) if "--command" in c][1]
+  assert "grep -vE '^(jax|jaxlib|libtpu)==' constraints.txt > .venv/constraints-jax.txt;" in install
+  assert "-c .venv/constraints-jax.txt -e . 'jax[tpu]==0.10.9'" in install
+  assert install.index("uv venv") < install.index("grep -vE")  # .venv exists before the file is written into it
+
+
 FAKE_GCLOUD = textwrap.dedent("""\
     import glob, json, os, shutil, subprocess, sys
     args = sys.argv[1:]
@@ -256,7 +282,8 @@ FAKE_GCLOUD = textwrap.dedent("""\
         shutil.copy(src, os.path.join(home, dst.split(":", 1)[1]))
     elif verb == "ssh":
       cmd = args[args.index("--command") + 1]
-      sys.exit(subprocess.run(["bash", "-c", cmd], cwd=home, env=dict(os.environ, HOME=home)).returncode)
+      status = subprocess.run(["bash", "-c", cmd], cwd=home, env=dict(os.environ, HOME=home)).returncode
+      sys.exit(0 if os.environ.get("FAKE_SSH_STATUS_LOST") else status)
     """)
 
 
@@ -267,6 +294,7 @@ def test_tpu_end_to_end_with_fake_gcloud(tmp_path):
   (src / "configs").mkdir(parents=True)
   (src / "configs" / "tiny.py").write_text("# config\n")
   (src / "README.md").write_text("hello\n")
+  (src / "constraints.txt").write_text("jax==0.10.2\n")
   git = ["git", "-C", str(src), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
   for cmd in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "init"]):
     subprocess.run(git + cmd, check=True, capture_output=True)
@@ -275,22 +303,36 @@ def test_tpu_end_to_end_with_fake_gcloud(tmp_path):
   home.mkdir()
   (bin_dir / "gcloud").write_text(f"#!{sys.executable}\n" + FAKE_GCLOUD)
   (bin_dir / "gcloud").chmod(0o755)
-  stub = home / "orchestra-jax" / ".venv" / "bin" / "orchestra"  # "installed" already (--skip-install)
+  stub = home / "orchestra-jax" / ".venv" / "bin" / "orchestra"
   stub.parent.mkdir(parents=True)
   stub.write_text(f"#!{sys.executable}\nimport json, os, sys\nprint(json.dumps(sys.argv[1:]))\n"
                   "sys.exit(2 if '--check' in sys.argv and os.environ.get('FAKE_CHECK_FAIL') else 0)\n")
-  stub.chmod(0o755)
+  # The venv's python records each pip call and whether constraints.txt is there (the install runs in the checkout).
+  pip_log = tmp_path / "pip.log"
+  (stub.parent / "python").write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                                      f"open({str(pip_log)!r}, 'a').write(json.dumps([sys.argv[1:], "
+                                      "os.path.isfile('constraints.txt')]) + '\\n')\n")
+  for f in (stub, stub.parent / "python"):
+    f.chmod(0o755)
   log = tmp_path / "gcloud.log"
   env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", FAKE_GCLOUD_LOG=str(log),
              FAKE_WORKER_HOME=str(home), TMPDIR=str(tmp_path))
 
-  r = sh(TPU, *TPU_BASE, "--src", str(src), "--skip-install", *TRICKY, env=env)
+  r = sh(TPU, *TPU_BASE, "--src", str(src), *TRICKY, env=env)
   assert r.returncode == 0, r.stdout + r.stderr
   calls = [json.loads(line) for line in log.read_text().splitlines()]
-  assert [c[3] for c in calls] == ["describe", "create", "scp", "ssh", "ssh", "ssh"]  # unpack, check, train
+  # unpack, install, check, train: each on every worker
+  assert [c[3] for c in calls] == ["describe", "create", "scp", "ssh", "ssh", "ssh", "ssh"]
+  assert all("--worker=all" in c for c in calls[3:])
   assert (home / "orchestra-jax" / "README.md").read_text() == "hello\n"  # HEAD shipped and unpacked
+  pips = [json.loads(line) for line in pip_log.read_text().splitlines()]
+  assert pips == [[["-m", "pip", "install", "--quiet", "--upgrade", "pip"], True],
+                  [["-m", "pip", "install", "--quiet", "-c", "constraints.txt", "-e", ".", "jax[tpu]"], True]]
+  installed, check, train = r.stdout.strip().splitlines()
+  assert installed == f"{hostname()}: installed"
+  assert json.loads(unprefixed(check)) == ["train", "--config", CONFIG, *TRICKY, "--check"]
+  assert json.loads(train) == ["train", "--config", CONFIG, *TRICKY]
   assert not (home / "orchestra-src.tar.gz").exists()
-  assert json.loads(r.stdout.strip().splitlines()[-1]) == ["train", "--config", CONFIG, *TRICKY]
   assert "+ gcloud compute tpus tpu-vm create pod-1" in r.stderr  # commands are echoed while running
   assert not list(tmp_path.glob("tpu_pod*"))  # temp files cleaned up
 
@@ -299,11 +341,17 @@ def test_tpu_end_to_end_with_fake_gcloud(tmp_path):
   r = sh(TPU, *TPU_BASE, "--src", str(src), "--skip-code", env=dict(env, FAKE_TPU_STATE="READY\tv5p-64"))
   assert r.returncode == 0, r.stderr
   assert [json.loads(line)[3] for line in log.read_text().splitlines()] == ["describe", "ssh", "ssh"]
-  # A failing pre-flight check stops the launch before any worker trains; --no-check skips it.
+  # A failing pre-flight check stops the launch before any worker trains, naming the worker; --no-check skips it.
   failing = dict(env, FAKE_TPU_STATE="READY\tv5p-64", FAKE_CHECK_FAIL="1")
   log.unlink()
   r = sh(TPU, *TPU_BASE, "--src", str(src), "--skip-code", env=failing)
-  assert r.returncode == 1 and "pre-flight check failed on worker 0" in r.stderr and "--no-check" in r.stderr
+  assert r.returncode == 1 and f"pre-flight check failed on {hostname()} (tables above)" in r.stderr
+  assert "--no-check" in r.stderr and f"[{hostname()}] pre-flight check FAILED" in r.stdout
+  assert [json.loads(line)[3] for line in log.read_text().splitlines()] == ["describe", "ssh"]
+  # ... also where gcloud does not pass a worker's exit status on: the worker's marker line stops it.
+  log.unlink()
+  r = sh(TPU, *TPU_BASE, "--src", str(src), "--skip-code", env=dict(failing, FAKE_SSH_STATUS_LOST="1"))
+  assert r.returncode == 1 and f"pre-flight check failed on {hostname()}" in r.stderr
   assert [json.loads(line)[3] for line in log.read_text().splitlines()] == ["describe", "ssh"]
   log.unlink()
   r = sh(TPU, *TPU_BASE, "--src", str(src), "--skip-code", "--no-check", env=failing)
@@ -314,6 +362,17 @@ def test_tpu_end_to_end_with_fake_gcloud(tmp_path):
   assert r.returncode == 1 and "exists with accelerator type v4-64, not v5p-64" in r.stderr
   r = sh(TPU, *TPU_BASE, "--src", str(src), "--skip-install", env=dict(env, FAKE_TPU_STATE="PREEMPTED\tv5p-64"))
   assert r.returncode == 1 and "PREEMPTED" in r.stderr and "--recreate" in r.stderr
+
+  # The workers install from constraints.txt, and only committed files are shipped: refused before any gcloud call.
+  subprocess.run(git + ["rm", "-q", "constraints.txt"], check=True, capture_output=True)
+  subprocess.run(git + ["commit", "-q", "-m", "no constraints"], check=True, capture_output=True)
+  log.unlink()
+  r = sh(TPU, *TPU_BASE, "--src", str(src), env=env)
+  assert r.returncode == 1 and f"constraints.txt is not committed in {src}" in r.stderr and not log.exists()
+  r = sh(TPU, *TPU_BASE, "--src", str(src), "--skip-install", env=dict(env, FAKE_TPU_STATE="READY\tv5p-64"))
+  assert r.returncode == 0, r.stderr  # nothing to install: nothing needs it
+  r = sh(TPU, "--dry-run", *TPU_BASE, "--src", str(src), env=env)
+  assert r.returncode == 0 and "# warning: constraints.txt is not committed" in r.stdout
 
   # --fetch-logs brings worker logs here.
   out_dir = tmp_path / "fetched"
@@ -333,7 +392,12 @@ def test_gpu_ssh_dry_run_one_command_per_host():
          "--config", CONFIG, *TRICKY[:2], "--env", "NCCL_DEBUG=WARN", "--", *TRICKY[2:])
   assert r.returncode == 0, r.stderr
   cmds = commands(r.stdout)
-  assert len(cmds) == 3
+  assert len(cmds) == 6
+  checks, cmds = cmds[:3], cmds[3:]  # the pre-flight on every host first, each host for itself
+  for check, host in zip(checks, hosts):
+    assert check[:2] == ["ssh", host] and len(check) == 3
+    assert trainer_args(check[2]) == ["--config", CONFIG, *TRICKY, "--check"]
+    assert f"cd {ROOT} " in check[2] and " NCCL_DEBUG=WARN " in check[2] and "ORCHESTRA_" not in check[2]
   for i, (cmd, host) in enumerate(zip(cmds, hosts)):
     assert cmd[:2] == ["ssh", host] and len(cmd) == 3
     remote = cmd[2]
@@ -369,6 +433,7 @@ def test_gpu_slurm_prints_sbatch_script(tmp_path):
                'export ORCHESTRA_COORDINATOR="$head_node:12355"', "export 'A=b c'"):
     assert line in out.splitlines(), line
   assert "srun " in out and "ORCHESTRA_PROCESS_ID=$SLURM_PROCID" in out
+  assert out.index("--label") < out.index("--kill-on-bad-exit")  # the pre-flight step on every node comes first
   assert "ORCHESTRA_NUM_PROCESSES=$SLURM_NTASKS" in out
   assert f"+ sbatch {ROOT}/logs/orchestra.sbatch" in out
   script = out.split("):\n", 1)[1].rsplit("\n+ sbatch", 1)[0] + "\n"
@@ -387,17 +452,27 @@ def test_gpu_slurm_prints_sbatch_script(tmp_path):
   stub = tmp_path / "job" / ".venv" / "bin" / "orchestra"
   stub.parent.mkdir(parents=True)
   stub.write_text(f"#!{sys.executable}\nimport json, os, sys\nprint(json.dumps([sys.argv[1:], "
-                  "[os.environ[k] for k in ('ORCHESTRA_COORDINATOR', 'ORCHESTRA_NUM_PROCESSES', "
-                  "'ORCHESTRA_PROCESS_ID', 'A')]]))\n")
+                  "[os.environ.get(k) for k in ('ORCHESTRA_COORDINATOR', 'ORCHESTRA_NUM_PROCESSES', "
+                  "'ORCHESTRA_PROCESS_ID', 'A')]]))\n"
+                  "sys.exit(2 if '--check' in sys.argv and os.environ.get('FAKE_CHECK_FAIL') else 0)\n")
   for f in (fake / "scontrol", fake / "srun", stub):
     f.chmod(0o755)
+  job_env = dict(os.environ, PATH=f"{fake}{os.pathsep}{os.environ['PATH']}", SLURM_NNODES="2",
+                 SLURM_JOB_NODELIST="node[7-8]")
   run = subprocess.run(["bash", "-c", script], cwd=tmp_path / "job", capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, PATH=f"{fake}{os.pathsep}{os.environ['PATH']}", SLURM_NNODES="2",
-                                SLURM_JOB_NODELIST="node[7-8]"))
+                       env=job_env)
   assert run.returncode == 0, run.stderr
   tasks = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("[")]
   argv = ["train", "--config", CONFIG, *TRICKY]
-  assert tasks == [[argv, ["node7:12355", "2", "0", "b c"]], [argv, ["node7:12355", "2", "1", "b c"]]]
+  check = [argv + ["--check"], ["node7:12355", None, None, "b c"]]  # every node checks; no process ids yet
+  assert tasks == [check, check, [argv, ["node7:12355", "2", "0", "b c"]], [argv, ["node7:12355", "2", "1", "b c"]]]
+  # A node failing its check ends the job before the training step.
+  run = subprocess.run(["bash", "-c", script], cwd=tmp_path / "job", capture_output=True, text=True, timeout=60,
+                       env=dict(job_env, FAKE_CHECK_FAIL="1"))
+  assert run.returncode == 2 and "the pre-flight check failed" in run.stderr and "--no-check" in run.stderr
+  assert [json.loads(line)[0] for line in run.stdout.splitlines() if line.startswith("[")] == [argv + ["--check"]]
+  r = sh(GPU, "--dry-run", "--mode", "slurm", "--nodes", "4", "--config", CONFIG, "--no-check")
+  assert r.returncode == 0 and "--check" not in r.stdout and "srun " in r.stdout
 
 
 def test_gpu_slurm_writes_script_file(tmp_path):
@@ -417,13 +492,17 @@ def test_gpu_slurm_writes_script_file(tmp_path):
 
 def test_gpu_local_modes():
   r = sh(GPU, "--dry-run", "--config", CONFIG, "--gpus", "0,1", *TRICKY)
-  (cmd,) = [line[2:] for line in r.stdout.splitlines() if line.startswith("+ ")]
+  check, cmd = [line[2:] for line in r.stdout.splitlines() if line.startswith("+ ")]
+  assert trainer_args(check) == ["--config", CONFIG, *TRICKY, "--check"] and f"cd {ROOT} " in check
   assert "ORCHESTRA_" not in cmd and "CUDA_VISIBLE_DEVICES=0,1" in cmd
   assert trainer_args(cmd) == ["--config", CONFIG, *TRICKY]
+  r = sh(GPU, "--dry-run", "--config", CONFIG, "--no-check")
+  assert r.returncode == 0 and len(commands(r.stdout)) == 1 and "--check" not in r.stdout
 
   r = sh(GPU, "--dry-run", "--config", CONFIG, "--num-processes", "2", "--gpus", "0,1,2,3", "--port", "4000")
   assert r.returncode == 0, r.stderr
-  cmds = [line[2:] for line in r.stdout.splitlines() if line.startswith("+ ")]
+  check, *cmds = [line[2:] for line in r.stdout.splitlines() if line.startswith("+ ")]
+  assert check.endswith("--check") and "ORCHESTRA_" not in check  # one host: one check
   assert len(cmds) == 2
   for i, cmd in enumerate(cmds):
     assert "ORCHESTRA_COORDINATOR=127.0.0.1:4000 ORCHESTRA_NUM_PROCESSES=2" in cmd
@@ -436,7 +515,7 @@ def test_gpu_local_modes():
 def _fake_repo(tmp_path: Path) -> tuple[Path, Path]:
   """A copy of gpu.sh in a temporary 'repository' whose .venv/bin/orchestra is a stub that prints what it got.
 
-  The stub exits 3 when its argv contains `fail-on-<process id>`.
+  The stub exits 3 when its argv contains `fail-on-<process id>`, or `fail-check` and `--check`.
   """
   repo = tmp_path / "repo"
   (repo / "launch").mkdir(parents=True)
@@ -451,7 +530,7 @@ def _fake_repo(tmp_path: Path) -> tuple[Path, Path]:
       pid = os.environ.get("ORCHESTRA_PROCESS_ID")
       print(json.dumps({{"argv": sys.argv[1:], "env": {{k: v for k, v in os.environ.items()
                                                       if k.startswith(("ORCHESTRA_", "CUDA_"))}}}}))
-      sys.exit(3 if f"fail-on-{{pid}}" in sys.argv else 0)
+      sys.exit(3 if f"fail-on-{{pid}}" in sys.argv or {{"fail-check", "--check"}} <= set(sys.argv) else 0)
       """))
   stub.chmod(0o755)
   return repo, repo / "launch" / "gpu.sh"
@@ -469,12 +548,22 @@ def test_gpu_local_processes_run(tmp_path):
     assert run["env"] == {"CUDA_VISIBLE_DEVICES": "4,5", "ORCHESTRA_COORDINATOR": "127.0.0.1:12355",
                           "ORCHESTRA_NUM_PROCESSES": "2", "ORCHESTRA_PROCESS_ID": str(i),
                           "ORCHESTRA_LOCAL_DEVICE_IDS": str(i)}
-  assert json.loads(r.stdout.strip()) == runs[0]  # process 0 also prints to the terminal
+  check, first = (json.loads(line) for line in r.stdout.strip().splitlines())
+  assert check == {"argv": ["train", "--config", CONFIG, *TRICKY, "--check"], "env": {}}  # once, before any process
+  assert first == runs[0]  # process 0 also prints to the terminal
   r = sh(script, "--config", CONFIG, "--num-processes", "2", "--", "fail-on-1")
   assert r.returncode == 1 and "at least one process failed" in r.stderr
   r = sh(script, "--config", CONFIG, "--config.x=1")  # one process: no distributed variables at all
-  assert r.returncode == 0 and json.loads(r.stdout) == {"argv": ["train", "--config", CONFIG, "--config.x=1"],
-                                                         "env": {}}
+  assert r.returncode == 0
+  assert [json.loads(line) for line in r.stdout.splitlines()] == [
+      {"argv": ["train", "--config", CONFIG, "--config.x=1", "--check"], "env": {}},
+      {"argv": ["train", "--config", CONFIG, "--config.x=1"], "env": {}}]
+  # A failed check starts no process; --no-check skips it.
+  r = sh(script, "--config", CONFIG, "--num-processes", "2", "--", "fail-check")
+  assert r.returncode == 1 and "pre-flight check failed" in r.stderr and "--no-check" in r.stderr
+  assert len(r.stdout.splitlines()) == 1 and "+ cd" not in r.stderr.split("pre-flight check failed")[1]
+  r = sh(script, "--config", CONFIG, "--no-check", "--", "fail-check")
+  assert r.returncode == 0 and [json.loads(r.stdout)["argv"][-1]] == ["fail-check"]
 
 
 def test_gpu_ssh_hosts_run(tmp_path):
@@ -487,18 +576,28 @@ def test_gpu_ssh_hosts_run(tmp_path):
   env = dict(os.environ, PATH=f"{fake}{os.pathsep}{os.environ['PATH']}")
   r = sh(script, "--mode", "ssh", "--hosts", "hA,hB", "--config", CONFIG, *TRICKY, env=env)
   assert r.returncode == 0, r.stderr
-  by_host = {}
-  for line in r.stdout.splitlines():
-    host, _, rest = line.partition(" ")
-    if rest.startswith("{"):
-      by_host[host] = json.loads(rest)
-  assert set(by_host) == {"[hA]", "[hB]"}
+
+  def by_host(out: str) -> dict[str, list[dict]]:
+    runs: dict[str, list[dict]] = {}
+    for line in out.splitlines():
+      host, _, rest = line.partition(" ")
+      if rest.startswith("{"):
+        runs.setdefault(host, []).append(json.loads(rest))
+    return runs
+
+  runs = by_host(r.stdout)
+  assert set(runs) == {"[hA]", "[hB]"}
   for i, host in enumerate(["[hA]", "[hB]"]):
-    assert by_host[host]["argv"] == ["train", "--config", CONFIG, *TRICKY]
-    assert by_host[host]["env"] == {"ORCHESTRA_COORDINATOR": "hA:12355", "ORCHESTRA_NUM_PROCESSES": "2",
-                                    "ORCHESTRA_PROCESS_ID": str(i)}
+    check, train = runs[host]  # every host checks for itself, then trains
+    assert check == {"argv": ["train", "--config", CONFIG, *TRICKY, "--check"], "env": {}}
+    assert train["argv"] == ["train", "--config", CONFIG, *TRICKY]
+    assert train["env"] == {"ORCHESTRA_COORDINATOR": "hA:12355", "ORCHESTRA_NUM_PROCESSES": "2",
+                            "ORCHESTRA_PROCESS_ID": str(i)}
   r = sh(script, "--mode", "ssh", "--hosts", "hA,hB", "--config", CONFIG, "--", "fail-on-1", env=env)
   assert r.returncode == 1 and "training failed on: hB" in r.stderr
+  r = sh(script, "--mode", "ssh", "--hosts", "hA,hB", "--config", CONFIG, "--", "fail-check", env=env)
+  assert r.returncode == 1 and "pre-flight check failed on: hA hB (tables above)" in r.stderr
+  assert all(len(v) == 1 for v in by_host(r.stdout).values())  # the checks ran; nothing trained
 
 
 def test_gpu_errors(tmp_path):
@@ -519,7 +618,7 @@ def test_gpu_errors(tmp_path):
   r = sh(GPU, "--dry-run", "--gpus", "0;1", "--config", CONFIG)
   assert r.returncode == 2 and "--gpus wants" in r.stderr
   r = sh(GPU, "--config", CONFIG, "--venv", str(tmp_path / "no-venv"))
-  assert r.returncode == 1 and "not found: install first" in r.stderr
+  assert r.returncode == 1 and "not found: install first" in r.stderr and "pip install -c constraints.txt -e ." in r.stderr
   env = dict(os.environ, PATH=path_without(tmp_path, "ssh"))
   r = sh(GPU, "--mode", "ssh", "--hosts", "a,b", "--config", CONFIG, env=env)
   assert r.returncode == 1 and "ssh not found" in r.stderr
