@@ -24,7 +24,7 @@ test -f "$out/tiny/model_config.json"
 "$bin/orchestra" train --config demo --quiet --config.workdir="$out/demo" --config.steps=1 \
   --config.sft.steps=1 --config.prompts_per_step=2 --config.group_size=2 --config.rollout.batch_size=4 \
   --config.env.num_train_tasks=16 --config.env.num_eval_tasks=2 --config.eval_every=100 --config.checkpoint_every=1
-test -f "$out/demo/config.json"
+test -f "$out/demo/run_config.json"
 "$py" - "$out/demo/metrics.jsonl" <<'PY'
 import json, sys
 records = [json.loads(line) for line in open(sys.argv[1])]

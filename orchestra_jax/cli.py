@@ -25,7 +25,7 @@ _EPILOG = textwrap.dedent("""\
 def _add_config_args(p: argparse.ArgumentParser, default: str | None):
   p.add_argument("--config", default=default, metavar="NAME|FILE",
                  help="a packaged config by name (demo, tiny, orchestrator_8b), a config file (a .py defining "
-                      "get_config(), e.g. configs/tiny.py) or a run's saved WORKDIR/config.json. Any field can be "
+                      "get_config(), e.g. configs/tiny.py) or a run's saved WORKDIR/run_config.json. Any field can be "
                       "overridden with --config.FIELD.PATH=VALUE, e.g. --config.model.num_layers=4"
                       + (f" (default: {default})" if default else ""))
 

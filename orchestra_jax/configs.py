@@ -2,7 +2,7 @@
 
 A run is `orchestra <command> --config tiny --config.model.num_layers=4 ...`. `--config` takes a file path or
 the name of a packaged config (`demo`, `tiny`, `orchestrator_8b`: the repository's `configs/`, shipped in the
-wheel; see `resources.resolve_config`), or a run's saved `config.json` (`save_config`, written by every
+wheel; see `resources.resolve_config`), or a run's saved `run_config.json` (`save_config`, written by every
 `orchestra train` into its workdir), so a run can be repeated exactly. Overrides are parsed by the type of the
 field they replace, and every mistake (unknown key, bad value, missing file) is one `ConfigFileError` line that
 names the key, so a typo fails before any device work starts.
@@ -36,7 +36,7 @@ class ConfigFileError(UserError, ValueError):
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ml_collections.ConfigDict:
   """Runs `get_config()` of the config file at `path` (a path, a packaged config's name, or a saved
-  `config.json`), applies `overrides`, and locks the result.
+  `run_config.json`), applies `overrides`, and locks the result.
 
   Overrides look like `--config.model.num_layers=4`, `config.model.num_layers=4`, or the two tokens
   `--config.model.num_layers 4`. Locking means later code cannot add keys by typo either.
@@ -90,7 +90,7 @@ def split_config_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def save_config(cfg: ml_collections.ConfigDict, path: str | Path) -> Path:
   """Writes the resolved config (overrides applied) as JSON, atomically and world-readable; `load_config`
-  reads it back (`--config WORKDIR/config.json`)."""
+  reads it back (`--config WORKDIR/run_config.json`)."""
   path = Path(path)
   text = json.dumps(cfg.to_dict(), indent=2, sort_keys=True, default=_json_default) + "\n"
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")

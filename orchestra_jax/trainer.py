@@ -237,8 +237,8 @@ class Trainer:
     self.workdir = Path(cfg.workdir).absolute()
     self.is_main = jax.process_index() == 0
     self.workdir.mkdir(parents=True, exist_ok=True)
-    if self.is_main:  # the resolved config (overrides applied): `--config WORKDIR/config.json` repeats the run
-      config_lib.save_config(cfg, self.workdir / "config.json")
+    if self.is_main:  # the resolved config (overrides applied): `--config WORKDIR/run_config.json` repeats the run
+      config_lib.save_config(cfg, self.workdir / "run_config.json")
     self.train_config = _train_config(cfg)
     self.reward_config = _reward_config(cfg)
     from orchestra_jax import tokenizer as tokenizer_lib

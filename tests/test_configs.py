@@ -104,7 +104,8 @@ def test_missing_value_and_bad_prefix():
 
 
 def test_missing_file_and_no_get_config(tmp_path):
-  assert _error([], path="configs/nope.py") == "config file configs/nope.py does not exist"
+  missing = _error([], path="configs/nope.py")
+  assert missing.startswith("config file configs/nope.py does not exist (packaged configs, by name: demo, ")
   empty = tmp_path / "empty.py"
   empty.write_text("x = 1\n")
   assert _error([], path=str(empty)) == f"config file {empty} defines no get_config()"

@@ -50,7 +50,7 @@ def test_an_existing_path_wins_over_a_packaged_name(tmp_path, monkeypatch):
 
 def test_saved_config_reloads_equal_and_takes_overrides(tmp_path):
   cfg = load_config("demo", ["--config.steps=7", "--config.env.preferences=cheap,expert"])
-  path = save_config(cfg, tmp_path / "config.json")
+  path = save_config(cfg, tmp_path / "run_config.json")
   assert stat.S_IMODE(path.stat().st_mode) == 0o644
   again = load_config(path)
   assert again.to_dict() == cfg.to_dict()  # tuples stay tuples

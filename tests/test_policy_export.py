@@ -44,6 +44,14 @@ def run(tmp_path_factory):
   return t, workdir
 
 
+def test_run_saves_its_resolved_config(run):
+  from orchestra_jax.configs import load_config
+  t, workdir = run
+  saved = load_config(workdir / "run_config.json")
+  assert saved.to_dict() == t.cfg.to_dict()  # overrides included
+  assert saved.steps == 2 and saved.workdir == str(workdir)
+
+
 def trainer_state(t, step):
   """The full TrainState of `step`, restored as the trainer itself resumes (params, opt_state, step)."""
   import orbax.checkpoint as ocp
