@@ -86,6 +86,7 @@ BENCHMARKS = ("frames", "hle", "tau2-airline", "tau2-retail", "tau2-mock")
 JUDGE_PROMPTS = ("hle", "reference")
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.json"
+RUN_CONFIG_FILE = "run_config.json"
 RUN_FILE = "run.json"
 PLOT_FILE = "accuracy_vs_cost.png"
 _TEXT_CHARS = 2000  # replies kept per record (judge reply, last orchestrator text, tool results)
@@ -972,6 +973,7 @@ def run_eval(args, config_overrides: Sequence[str] = ()) -> dict[str, Any]:
                                                                         f"{args.benchmark}-{label}")
   identity = _identity(args)
   _claim_out_dir(out, identity)
+  config_lib.save_config(cfg, out / RUN_CONFIG_FILE)  # the settings this eval ran with, overrides applied
   results = ResultsFile(out / RESULTS_FILE)
   done_ids = {r["id"] for r in results.load()}
   items = [(pos, t) for pos, t in enumerate(tasks) if t["id"] not in done_ids]

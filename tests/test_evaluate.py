@@ -128,6 +128,8 @@ def test_tiny_checkpoint_eval_writes_results_summary_and_plot(tmp_path, files, s
   assert summary["n"] == 5 and summary["accuracy"] == 0.0 and summary["no_answer"] == 1.0
   assert summary["label"] == "tiny" and summary["judged_by"] == {"no_answer": 5}
   assert summary["preference_reward"] is None
+  from orchestra_jax.configs import load_config
+  assert "eval" in load_config(out / "run_config.json")  # the resolved config it ran with
   assert (out / "accuracy_vs_cost.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert json.loads((out / "run.json").read_text())["orchestrator"]["kind"] == "checkpoint"
   table = capsys.readouterr().out
