@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from orchestra_jax.errors import UserError
-from orchestra_jax.model import qwen3
+from orchestra_jax.model import hf_weights, qwen3
 from orchestra_jax.model.config import ModelConfig
 from orchestra_jax.sharding import ShardingConfig
 
@@ -265,8 +265,6 @@ def load_model(path: str | os.PathLike, sharding: ShardingConfig | None = None, 
   A run is its workdir (the latest finished step) or one step, WORKDIR/checkpoints/<step>: the config comes from
   WORKDIR/reference/model_config.json and only the params are read from the step's TrainState.
   """
-  from orchestra_jax import convert  # convert imports this module
-
   # Resolved once: a run still training may finish a newer step between reading the config and the params.
   found = find_train_checkpoint(path)
   config = read_model_config(found.reference_dir if found else path)
@@ -276,7 +274,7 @@ def load_model(path: str | os.PathLike, sharding: ShardingConfig | None = None, 
     return config, _restore_train_params(found, config, sharding)
   if is_orchestra_checkpoint(path):
     return config, restore_params(path, config, sharding)
-  host_params = convert.read_hf_params(path, config)
+  host_params = hf_weights.read_hf_params(path, config)
   if sharding is None:
     return config, jax.tree.map(jax.numpy.asarray, host_params)
   shardings = qwen3.param_shardings(config, sharding)

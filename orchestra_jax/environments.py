@@ -141,7 +141,7 @@ class RecordEnvironment(ToolEnvironment):
     with self._lock:
       if key not in self._domains:
         if task.get("domain_dir"):
-          from orchestra_jax.synth.domain import load_domain_dir
+          from orchestra_jax.envs.synth_domain import load_domain_dir
           self._domains[key] = self._make_domain(load_domain_dir(task["domain_dir"]))
         else:
           self._domains[key] = self._make_domain(task["domain"])

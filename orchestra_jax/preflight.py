@@ -100,7 +100,7 @@ def _resolve_task(domain, task: dict[str, Any]) -> None:
   """The record's task as `Tau2Environment.resolve_task` reads it: a full task JSON (with `user_scenario`) is
   parsed as it is; an id alone must name a task of the domain."""
   from orchestra_jax.envs.domain import Task
-  from orchestra_jax.synth.domain import SynthDomain
+  from orchestra_jax.envs.synth_domain import SynthDomain
 
   if "user_scenario" in task:
     try:
@@ -123,7 +123,7 @@ def _domains(cfg, tasks: list[dict[str, Any]]) -> str:
   from orchestra_jax.data.format import DataFormatError
   from orchestra_jax.envs.domain import Domain
   from orchestra_jax.environments import eval_group
-  from orchestra_jax.synth.domain import load_domain_dir
+  from orchestra_jax.envs.synth_domain import load_domain_dir
   from orchestra_jax.tools.qa_env import offer_tools
   from orchestra_jax.tools.tau2_env import CALL_EXPERT_TOOL, SEND_MESSAGE_TOOL
 

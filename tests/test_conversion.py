@@ -11,7 +11,7 @@ from safetensors import safe_open
 
 from conftest import max_rel_err
 from orchestra_jax import checkpoint, convert
-from orchestra_jax.model import qwen3
+from orchestra_jax.model import hf_weights, qwen3
 
 pytestmark = pytest.mark.usefixtures("highest_precision")
 
@@ -125,7 +125,7 @@ def test_plan_shards_respects_limit():
   from orchestra_jax.model.config import qwen3_8b
   config = qwen3_8b()
   shards = convert.plan_shards(config, 5 * 10**9)
-  shapes = convert.hf_tensor_shapes(config)
+  shapes = hf_weights.hf_tensor_shapes(config)
   sizes = [sum(int(np.prod(shapes[n])) * 2 for n in shard) for shard in shards]
   assert all(s <= 5 * 10**9 for s in sizes)
   assert sum(sizes) == config.num_params() * 2

@@ -263,7 +263,7 @@ def _source_samples(args) -> list:
 
 def _toolscale_samples(args) -> list:
   from orchestra_jax.data import converters
-  from orchestra_jax.synth.domain import load_domain_dir
+  from orchestra_jax.envs.synth_domain import load_domain_dir
   domain = load_domain_dir(args.domain_dir)  # fails early, with the file and problem, on a bad directory
   samples = converters.convert_toolscale(args.toolscale_file, domain=args.domain, domain_dir=args.domain_dir)
   other = sorted({s.domain for s in samples} - {domain.name})

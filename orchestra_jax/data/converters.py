@@ -273,7 +273,7 @@ def convert_toolscale(path: str | os.PathLike, *, domain: str | None = None,
   path = Path(path)
   tool_names: list[str] = []
   if domain_dir is not None:
-    from orchestra_jax.synth.domain import load_domain_dir
+    from orchestra_jax.envs.synth_domain import load_domain_dir
     tool_names = list(load_domain_dir(domain_dir).tool_names)
   samples = []
   for i, (where, row) in enumerate(_located_rows(path)):

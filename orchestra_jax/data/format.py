@@ -299,7 +299,7 @@ def sample_domain(sample: Sample, base_dir: str | os.PathLike | None = None):
     raise DataFormatError(f"record {sample.id!r} is a '{sample.kind}' record; it has no environment domain")
   domain_dir = sample.metadata.get("domain_dir")
   if domain_dir:
-    from orchestra_jax.synth.domain import load_domain_dir
+    from orchestra_jax.envs.synth_domain import load_domain_dir
     path = Path(domain_dir)
     if not path.is_absolute() and base_dir is not None:
       path = Path(base_dir) / path

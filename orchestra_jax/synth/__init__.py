@@ -1,11 +1,12 @@
 """ToolScale-style synthesis of tool-use environments with an LLM, verified by replay (docs/design.md section 7).
 
 * `pipeline`: `synthesize(client, SynthConfig(...), out_dir)`: the stages, verification and outputs.
-* `datamodel`: the typed data model (tables, columns, primary / foreign keys) and row validation.
-* `tools`: declarative tools (get / list / update / create / delete / calculate / transfer over tables):
-  no model-written code is ever executed.
-* `domain`: a synthesised domain directory loaded as an `envs.Domain` (`load_domain_dir`), so environments,
-  gold replay and grading work as for the built-in tau2 domains.
+* What a synthesised domain is at run time lives with the other domains, in `orchestra_jax.envs` (training and
+  data conversion load domains without importing the generator): `envs.datamodel` (the typed data model: tables,
+  columns, primary / foreign keys, row validation), `envs.declarative_tools` (get / list / update / create /
+  delete / calculate / transfer over tables: no model-written code is ever executed) and `envs.synth_domain` (a
+  synthesised domain directory loaded as an `envs.Domain`, `load_domain_dir`), so environments, gold replay and
+  grading work as for the built-in tau2 domains. Their names are re-exported here.
 * `verify`: `verify_task`, the replay check every generated task must pass.
 * `llm`: tolerant JSON parsing and stages with bounded retries; `prompts`: the prompt templates.
 * `cli`: `add_synth_parser` / `run_synth` for `orchestra synth`.
@@ -26,6 +27,9 @@ _EXPORTS = {
   "add_synth_parser": "cli", "run_synth": "cli",
 }
 
+_ELSEWHERE = {"datamodel": "orchestra_jax.envs.datamodel", "tools": "orchestra_jax.envs.declarative_tools",
+              "domain": "orchestra_jax.envs.synth_domain"}
+
 __all__ = sorted(_EXPORTS)
 
 
@@ -33,7 +37,7 @@ def __getattr__(name):
   module = _EXPORTS.get(name)
   if module is None:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-  value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+  value = getattr(importlib.import_module(_ELSEWHERE.get(module, f"{__name__}.{module}")), name)
   globals()[name] = value
   return value
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from orchestra_jax.envs.db import Database
 from orchestra_jax.envs.tools import ToolError, safe_calculate
-from orchestra_jax.synth.datamodel import IDENT, Column, DataModel, InvalidSpec, Table
+from orchestra_jax.envs.datamodel import IDENT, Column, DataModel, InvalidSpec, Table
 
 __all__ = ["OPERATIONS", "WRITE_OPERATIONS", "ToolDef", "compile_tools", "make_toolkit", "DeclarativeToolkit"]
 

@@ -4,7 +4,7 @@ Directory layout (what `orchestra synth` writes):
 
 * `db.json`: `{table: {key: row}}` (rows are JSON objects; the key is the row's primary key as a string).
 * `tools.json`: `{"format": "orchestra-synth/1", "domain": NAME, "description": ..., "data_model": {...},
-  "tools": [declarative tool, ...]}` (see `synth.datamodel` and `synth.tools`).
+  "tools": [declarative tool, ...]}` (see `envs.datamodel` and `envs.declarative_tools`).
 * `policy.md`: the agent policy.
 * `tasks.json`: tau2-format tasks (may be empty).
 * optional `split_tasks.json`: `{split: [task ids]}`.
@@ -25,8 +25,8 @@ from typing import Any
 from orchestra_jax.envs.db import Database
 from orchestra_jax.envs.domain import Domain, Task
 from orchestra_jax.errors import UserError
-from orchestra_jax.synth.datamodel import DataModel, InvalidSpec
-from orchestra_jax.synth.tools import ToolDef, compile_tools, make_toolkit
+from orchestra_jax.envs.datamodel import DataModel, InvalidSpec
+from orchestra_jax.envs.declarative_tools import ToolDef, compile_tools, make_toolkit
 
 __all__ = ["FORMAT", "DOMAIN_FILES", "SynthDomainError", "SynthDomain", "load_domain_dir", "write_domain_dir",
            "build_domain"]
