@@ -20,12 +20,15 @@ def get_config() -> ml_collections.ConfigDict:
   cfg.model = tiny().to_dict()  # 2 layers, hidden 64, real 151936-token vocabulary
   cfg.mesh = ml_collections.ConfigDict({"shape": (-1, 1, 1)})
   cfg.seed = 0
+  # Modules imported before the registries are read (module names, or .py paths relative to the working dir), so
+  # the variants they register can be named below: `--config.imports=my_rewards.py --config.reward.name=mine`.
+  cfg.imports = ()
   cfg.tokenizer_dir = ""  # the bundled real Qwen3 tokenizer
   cfg.init_checkpoint = ""  # '' = random init (then the warm-up); else an orchestra or HF checkpoint dir
   cfg.workdir = "runs/demo"
 
   cfg.env = ml_collections.ConfigDict({
-      "name": "demo",  # the task family and tools (orchestra_jax/trainer.py ENVIRONMENTS)
+      "name": "demo",  # the task family and tools (orchestra_jax/environments.py ENVIRONMENTS)
       "num_train_tasks": 480,
       "num_eval_tasks": 60,  # per preference
       # Presets mixed in training, each evaluated separately. One preference per run: a 10M-parameter policy
@@ -52,7 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
   })
 
   cfg.reward = ml_collections.ConfigDict({
-      "name": "preference",  # registry name (orchestra_jax/reward/rewards.py)
+      "name": "preference",  # registry name (orchestra_jax/reward/rewards.py; yours via `imports`)
       "estimator": "grpo",
       "clip": 3.0,
       "boost": 0.1,  # the reference's +0.1 where A >= 1

@@ -31,6 +31,9 @@ def get_config() -> ml_collections.ConfigDict:
   # on a v5p-64). -1 = the rest of the chips.
   cfg.mesh = ml_collections.ConfigDict({"shape": (1, -1, 4)})
   cfg.seed = 0
+  # Modules imported before the registries are read (module names, or .py paths relative to the working dir), so
+  # the variants they register can be named below: `--config.imports=my_rewards.py --config.reward.name=mine`.
+  cfg.imports = ()
   # '' = the bundled real Qwen3 tokenizer, which is the orchestrator's tokenizer; point this at a
   # checkpoint's directory to use the one it ships.
   cfg.tokenizer_dir = ""

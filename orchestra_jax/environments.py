@@ -37,11 +37,12 @@ import numpy as np
 
 from orchestra_jax import configs as config_lib
 from orchestra_jax.errors import UserError
+from orchestra_jax.registry import Registry
 from orchestra_jax.rollout.environment import Episode, ToolEnvironment
 
 __all__ = ["EnvSetup", "GradingUnavailable", "ENVIRONMENTS", "DATA_ENV_DEFAULTS", "RecordEnvironment", "demo_environment",
            "data_environment", "data_env_config", "validate_env", "load_task_records", "eval_group",
-           "parse_preference"]
+           "parse_preference", "register_task_family"]
 
 
 class GradingUnavailable(UserError):
@@ -296,8 +297,12 @@ def data_environment(cfg: ml_collections.ConfigDict):
                    preference_vector=preference_vector)
 
 
-ENVIRONMENTS: dict[str, Callable[[ml_collections.ConfigDict], Any]] = {"demo": demo_environment,
-                                                                       "data": data_environment}
+# The "task_family" category of orchestra_jax/registry.py: `env.name` -> a context manager `fn(cfg)` that yields an
+# EnvSetup. A user's module (config key `imports`) adds one with `@register_task_family("mine")`.
+ENVIRONMENTS: Registry[Callable[[ml_collections.ConfigDict], Any]] = Registry("task_family")
+register_task_family = ENVIRONMENTS.register
+register_task_family("demo")(demo_environment)
+register_task_family("data")(data_environment)
 
 # The `env` section of a `data` config, every key with its default; `data_env_config(...)` builds one.
 DATA_ENV_DEFAULTS = {

@@ -11,6 +11,10 @@ One RL step (docs/design.md sections 5-6):
      step each (jitted over the mesh, state donated);
   5. metrics go to JSONL, TensorBoard and the progress bar; rollouts to `rollouts/step_*.jsonl`.
 
+Variants are looked up by name in orchestra_jax/registry.py (`env.name`, `reward.name`, `reward.estimator`,
+`train.aggregation`, `train.kl_type`); a user's own come from the modules of the config's `imports`
+(`--config.imports=my_rewards.py --config.reward.name=mine`), imported first by `validate`.
+
 Reliability: orbax checkpoints (params, optimizer, step, data-iterator state) every `checkpoint_every` steps,
 written asynchronously and atomically; a restart of the same command resumes from the latest one and rewinds the
 metrics log to it, so a killed run continues exactly as an uninterrupted one (same seed). Per-step randomness
@@ -38,6 +42,7 @@ import numpy as np
 
 from orchestra_jax import checkpoint as model_ckpt
 from orchestra_jax import configs as config_lib
+from orchestra_jax import registry
 from orchestra_jax import sharding as sharding_lib
 from orchestra_jax.environments import ENVIRONMENTS, EnvSetup, validate_env
 from orchestra_jax.errors import UserError
@@ -108,14 +113,35 @@ def architecture_mismatch(checkpoint_config: ModelConfig, model_config: ModelCon
 TRAINING_SECTIONS = ("env", "steps", "prompts_per_step", "group_size", "rollout", "reward", "train", "sft", "workdir")
 
 
+# Config keys that name a registered variant, with their registry category (orchestra_jax/registry.py).
+# (env.name, the "task_family" category, is checked by validate_env.)
+REGISTRY_KEYS = (("reward.name", "reward"), ("reward.estimator", "advantage"), ("train.aggregation", "aggregation"),
+                 ("train.kl_type", "kl"))
+
+
+def import_user_modules(cfg: ml_collections.ConfigDict) -> None:
+  """Imports the modules of the config's top-level `imports` (module names or .py paths), so what they register
+  (`@register_reward("mine")`, ...) is there before a registry is read. Configs saved before the key: none."""
+  try:
+    registry.import_modules(cfg.get("imports", ()))
+  except registry.UserModuleError as e:
+    raise config_lib.ConfigFileError(f"bad value for config key 'imports': {e}") from None
+
+
 def validate(cfg: ml_collections.ConfigDict) -> None:
-  """Config problems as one clear line each, before any work starts."""
+  """Config problems as one clear line each, before any work starts. Imports the config's `imports` first."""
+  import_user_modules(cfg)
   missing = [k for k in TRAINING_SECTIONS if k not in cfg]
   if missing:  # e.g. a model-only config (tiny) given to `orchestra train`
     raise config_lib.ConfigFileError(
         f"config lacks {', '.join(repr(k) for k in missing)}: not a training config (training configs: demo, "
         "orchestrator_8b)")
   validate_env(cfg)
+  for key, category in REGISTRY_KEYS:  # a name a forgotten `imports` would register fails here, not mid-run
+    section, field = key.split(".")
+    if cfg[section][field] not in registry.Registry(category):
+      raise config_lib.ConfigFileError(f"bad value for config key '{key}': {cfg[section][field]!r} "
+                                       f"(known: {', '.join(registry.names(category))})")
   for key in ("steps", "prompts_per_step", "group_size", "train.mini_batch_size", "rollout.batch_size"):
     node = cfg
     for part in key.split("."):

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from orchestra_jax import reward as R
+from orchestra_jax.registry import unregister
 from orchestra_jax.rollout.trajectory import ToolCallRecord, Trajectory
 
 G, T_TOOLS = 8, 3
@@ -143,8 +144,11 @@ def test_registries():
                                                factor=3.0), [3.0, 0.0])
   with pytest.raises(R.UnknownNameError, match="known: .*preference"):
     R.get_reward("nope")
-  with pytest.raises(ValueError, match="already registered"):
-    R.register_reward("preference")(double)
+  with pytest.warns(UserWarning, match="'test_double_outcome' was already registered"):  # replaced, not refused
+    R.register_reward("test_double_outcome")(functools.partial(double, factor=4.0))
+  np.testing.assert_allclose(R.compute_rewards("test_double_outcome", np.zeros((1, 0)), [1], [0], [0]), [4.0])
+  assert unregister("reward", "test_double_outcome") is not None
+  assert "test_double_outcome" not in R.REWARDS
   assert {"grpo", "grpo_no_std", "rloo"} <= set(R.ADVANTAGES.names())
   with pytest.raises(ValueError, match="preference"):
     R.compute_rewards("preference", np.zeros((2, 1)), [1, 0], [0, 0], [0, 0], np.ones(3))

@@ -6,15 +6,18 @@
 - `filters`: keep-masks for groups (reward std), rollouts (final answer) and turns (tool call).
 - `features`: trajectories -> arrays; the feature / preference layout.
 - `pipeline`: `score_groups`, rewards -> filters -> advantages in one call.
+
+The reward and advantage registries are categories of `orchestra_jax.registry` (`Registry`, `UnknownNameError`
+re-exported here).
 """
 
+from orchestra_jax.registry import Registry, UnknownNameError
 from orchestra_jax.reward.advantages import (ADVANTAGES, AdvantageConfig, compute_advantages, get_advantage,
                                              group_std, register_advantage)
 from orchestra_jax.reward.features import feature_names, group_arrays, preference_vector
 from orchestra_jax.reward.filters import (final_answer_mask, group_std_mask, keep_mask, tool_call_turn_mask)
 from orchestra_jax.reward.outcome import Judge, exact_match, grade, normalize_answer, numeric_match, parse_number
 from orchestra_jax.reward.pipeline import RewardConfig, score_groups
-from orchestra_jax.reward.registry import Registry, UnknownNameError
 from orchestra_jax.reward.rewards import (REWARDS, compute_rewards, efficiency_reward, feature_matrix, get_reward,
                                           normalize_features, preference_reward, reference_buggy_reward,
                                           register_reward, reward_names)

@@ -24,7 +24,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from orchestra_jax.reward.registry import Registry
+from orchestra_jax.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +37,7 @@ class AdvantageConfig:
 
 
 AdvantageFn = Callable[[jax.Array, jax.Array, AdvantageConfig], jax.Array]
-ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
+ADVANTAGES: Registry[AdvantageFn] = Registry("advantage")  # the "advantage" category of orchestra_jax/registry.py
 register_advantage = ADVANTAGES.register
 get_advantage = ADVANTAGES.get
 
@@ -81,8 +81,8 @@ def group_std(rewards, mask=None, ddof: int = 1) -> jax.Array:
   return jnp.where(n > ddof, jnp.sqrt(var), 0.0)
 
 
-def _one_group(rewards, mask, config: AdvantageConfig):
-  a = get_advantage(config.estimator)(rewards, mask, config)
+def _one_group(rewards, mask, config: AdvantageConfig, estimator: AdvantageFn):
+  a = estimator(rewards, mask, config)
   if config.clip is not None:
     a = jnp.clip(a, -config.clip, config.clip)
   if config.boost:
@@ -92,13 +92,15 @@ def _one_group(rewards, mask, config: AdvantageConfig):
 
 def compute_advantages(rewards, mask=None, config: AdvantageConfig = AdvantageConfig()) -> jax.Array:
   """Advantages of rewards [..., G] (groups on the last axis) -> [..., G] float32. Jitted, `config` static."""
-  return _compute_advantages(rewards, mask, config)
+  # The estimator is looked up out here: the jit cache is keyed on the function, not on its name, so an estimator
+  # registered again under the same name is used, not the first one's compiled code.
+  return _compute_advantages(rewards, mask, config, get_advantage(config.estimator))
 
 
-@functools.partial(jax.jit, static_argnums=2)
-def _compute_advantages(rewards, mask, config: AdvantageConfig) -> jax.Array:
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _compute_advantages(rewards, mask, config: AdvantageConfig, estimator: AdvantageFn) -> jax.Array:
   rewards = jnp.asarray(rewards, jnp.float32)
   mask = jnp.ones(rewards.shape, bool) if mask is None else jnp.broadcast_to(jnp.asarray(mask, bool), rewards.shape)
   lead, g = rewards.shape[:-1], rewards.shape[-1]
-  flat = jax.vmap(lambda r, m: _one_group(r, m, config))(rewards.reshape(-1, g), mask.reshape(-1, g))
+  flat = jax.vmap(lambda r, m: _one_group(r, m, config, estimator))(rewards.reshape(-1, g), mask.reshape(-1, g))
   return flat.reshape(*lead, g)

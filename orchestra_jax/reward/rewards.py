@@ -38,12 +38,12 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from orchestra_jax.reward.registry import Registry
+from orchestra_jax.registry import Registry
 
 RewardFn = Callable[..., jax.Array]
 
-REWARDS: Registry[RewardFn] = Registry("reward")
-register_reward = REWARDS.register
+REWARDS: Registry[RewardFn] = Registry("reward")  # the "reward" category of orchestra_jax/registry.py
+register_reward = REWARDS.register  # a taken name is replaced, with a warning
 DEFAULT_REWARD = "preference"
 
 
@@ -167,13 +167,15 @@ def compute_rewards(reward: str | RewardFn, tool_counts, outcome, cost, latency,
   (shared) or [N, T_tools + 3] (one per group, e.g. per-sample preferences). Jitted (the reward and the option
   values must be hashable); inside an outer jit it is inlined.
   """
-  return _compute_rewards(reward, tuple(sorted(options.items())), tool_counts, outcome, cost, latency, preference,
-                          mask)
+  # A name is looked up out here: the jit cache is keyed on the function, not on its name, so a reward registered
+  # again under the same name (a re-run notebook cell, a user module) is used, not the first one's compiled code.
+  fn = get_reward(reward) if isinstance(reward, str) else reward
+  return _compute_rewards(fn, tuple(sorted(options.items())), tool_counts, outcome, cost, latency, preference, mask)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _compute_rewards(reward, options, tool_counts, outcome, cost, latency, preference, mask):
-  fn = get_reward(reward, **dict(options)) if isinstance(reward, str) else functools.partial(reward, **dict(options))
+def _compute_rewards(fn, options, tool_counts, outcome, cost, latency, preference, mask):
+  fn = functools.partial(fn, **dict(options)) if options else fn
   outcome = jnp.asarray(outcome)
   if outcome.ndim == 1:
     return fn(tool_counts, outcome, cost, latency, preference, mask)

@@ -1,7 +1,8 @@
 """The RL update of docs/design.md section 6.
 
 - `logprobs`: per-token log-probs and entropies from hidden states, LM head applied in chunks.
-- `loss`: PPO surrogate (clip-low 0.2, clip-high 0.28, dual clip 10), KL estimators and loss aggregations (registries).
+- `loss`: PPO surrogate (clip-low 0.2, clip-high 0.28, dual clip 10), KL estimators and loss aggregations
+  (registries: the `kl` and `aggregation` categories of orchestra_jax/registry.py).
 - `optimizer`: AdamW + global-norm clip from a config dataclass; `precision_problem` for lost updates.
 - `train`: the batch format, TrainState, the jitted sharded `train_step` with gradient accumulation,
   `compute_logprobs` for old / reference log-probs, and `is_finite(metrics)`.

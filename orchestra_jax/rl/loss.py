@@ -27,7 +27,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from orchestra_jax.reward.registry import Registry
+from orchestra_jax.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +56,7 @@ def batch_totals(mask) -> Totals:
 # --- aggregation registry ----------------------------------------------------------------------------
 
 AggregationFn = Callable[[jax.Array, jax.Array, Totals], jax.Array]
-AGGREGATIONS: Registry[AggregationFn] = Registry("loss aggregation")
+AGGREGATIONS: Registry[AggregationFn] = Registry("aggregation")  # categories of orchestra_jax/registry.py
 register_aggregation = AGGREGATIONS.register
 
 
@@ -89,7 +89,7 @@ def aggregate(name: str, values, mask, totals: Totals | None = None) -> jax.Arra
 # --- KL registry -------------------------------------------------------------------------------------
 
 KLFn = Callable[[jax.Array, jax.Array], jax.Array]
-KL_ESTIMATORS: Registry[KLFn] = Registry("KL estimator")
+KL_ESTIMATORS: Registry[KLFn] = Registry("kl")
 register_kl = KL_ESTIMATORS.register
 
 
