@@ -11,6 +11,8 @@ import textwrap
 import time
 
 from orchestra_jax.errors import UserError
+from orchestra_jax.evaluate.cli import add_eval_parser, run_eval_command
+from orchestra_jax.serve.cli import add_serve_parser, run_serve
 
 _EPILOG = textwrap.dedent("""\
     examples:
@@ -90,8 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "the run will call (GET /v1/models: catalog backends incl. records' alias maps, the tau2 "
                           "user simulator, the judge); prints a table; exit 0 when all pass, 2 otherwise")
 
-  from orchestra_jax import serve
-  serve.add_serve_parser(sub)
+  add_serve_parser(sub)
 
   from orchestra_jax.synth.cli import add_synth_parser
   add_synth_parser(sub)
@@ -99,7 +100,6 @@ def build_parser() -> argparse.ArgumentParser:
   from orchestra_jax.data.cli import add_data_parser
   add_data_parser(sub)
 
-  from orchestra_jax.evaluate import add_eval_parser
   add_eval_parser(sub)
   return parser
 
@@ -187,11 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "train":
       _cmd_train(args, overrides)
     elif args.command == "serve":
-      from orchestra_jax import serve
-      serve.run_serve(args)
+      run_serve(args)
     elif args.command == "eval":
-      from orchestra_jax.evaluate import run_eval
-      run_eval(args, overrides)
+      run_eval_command(args, overrides)
     elif args.command == "synth":
       from orchestra_jax.synth.cli import run_synth
       run_synth(args)

@@ -37,6 +37,7 @@ import numpy as np
 
 from orchestra_jax import configs as config_lib
 from orchestra_jax.errors import UserError
+from orchestra_jax.grading import JUDGE_PROMPTS, JudgeUnavailable, LLMJudge, grade_answer
 from orchestra_jax.registry import Registry
 from orchestra_jax.rollout.environment import Episode, ToolEnvironment
 
@@ -205,7 +206,6 @@ def parse_preference(text: str, key: str = "env.default_preference") -> dict[str
 @contextlib.contextmanager
 def data_environment(cfg: ml_collections.ConfigDict):
   from orchestra_jax.data.preferences import alias_map_to_remap, preference_array
-  from orchestra_jax.evaluate import JudgeUnavailable, LLMJudge, grade_answer
   from orchestra_jax.tools.catalog import Catalog
 
   e = cfg.env
@@ -348,7 +348,6 @@ def validate_env(cfg: ml_collections.ConfigDict) -> None:
   if cfg.env.expert_mode not in ("delegate", "advice"):
     raise config_lib.ConfigFileError(
         f"bad value for config key 'env.expert_mode': {cfg.env.expert_mode!r} (delegate | advice)")
-  from orchestra_jax.evaluate import JUDGE_PROMPTS
   if cfg.env.judge_prompt not in JUDGE_PROMPTS:
     raise config_lib.ConfigFileError(
         f"bad value for config key 'env.judge_prompt': {cfg.env.judge_prompt!r} (known: {', '.join(JUDGE_PROMPTS)})")
