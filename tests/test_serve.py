@@ -304,7 +304,7 @@ def test_openai_messages_render_with_the_chat_template():
           {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
       {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}
   tok = tokenizer.load_tokenizer(None)
-  got = tok.render_chat(serve._messages(body), tools=serve._tools(body))
+  got = tok.render_chat(serve.parse_messages(body), tools=serve.parse_tools(body))
   want = chat_format.render_messages(tok, [
       {"role": "user", "content": "Weather in Paris?"},
       {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
@@ -315,9 +315,9 @@ def test_openai_messages_render_with_the_chat_template():
   assert "<tool_response>\nsunny\n</tool_response>" in got
   assert json.loads(got.split("<tools>\n")[1].split("\n</tools>")[0]) == tool  # the schema in the system turn
   with pytest.raises(serve.BadRequest, match="image_url"):
-    serve._messages({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})
+    serve.parse_messages({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})
   with pytest.raises(serve.BadRequest, match=r"messages\[0\] \(user\) needs 'content'"):
-    serve._messages({"messages": [{"role": "user"}]})
+    serve.parse_messages({"messages": [{"role": "user"}]})
 
 
 def test_help_explains_every_option():

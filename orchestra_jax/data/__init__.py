@@ -18,7 +18,7 @@ Names are imported lazily, so importing this package costs nothing until one is 
 imported by `pipeline`).
 """
 
-import importlib
+from orchestra_jax.lazy import lazy_exports
 
 _EXPORTS = {
   # format.py
@@ -39,16 +39,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-  module = _EXPORTS.get(name)
-  if module is None:
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-  value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-  globals()[name] = value
-  return value
-
-
-def __dir__():
-  return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

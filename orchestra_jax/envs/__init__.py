@@ -11,7 +11,7 @@ Quick start::
 Names are imported lazily, so importing this package costs nothing until one is used.
 """
 
-import importlib
+from orchestra_jax.lazy import lazy_exports
 
 _EXPORTS = {
   # domain.py
@@ -35,16 +35,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-  module = _EXPORTS.get(name)
-  if module is None:
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-  value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-  globals()[name] = value
-  return value
-
-
-def __dir__():
-  return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -42,7 +42,7 @@ body), `http` (`ModelServer`, the handler, `open_server`), `cli` (`add_serve_par
 Names are imported lazily, so building the `orchestra` parser (`orchestra --help`) does not load JAX.
 """
 
-import importlib
+from orchestra_jax.lazy import lazy_exports
 
 _EXPORTS = {
   "DEFAULT_MAX_BATCH": "engine", "DEFAULT_MAX_LEN": "engine", "Engine": "engine", "EngineClosed": "engine",
@@ -53,20 +53,6 @@ _EXPORTS = {
   "MAX_BODY_BYTES": "http", "ModelServer": "http", "ServeError": "http", "open_server": "http",
   "add_serve_parser": "cli", "build_server": "cli", "run_serve": "cli",
 }
-# The private names these functions had when serve was one module (the tests call them).
-_RENAMED = {"_messages": ("schema", "parse_messages"), "_tools": ("schema", "parse_tools")}
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-  module, attr = _RENAMED.get(name) or (_EXPORTS.get(name), name)
-  if module is None:
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-  value = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
-  globals()[name] = value
-  return value
-
-
-def __dir__():
-  return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

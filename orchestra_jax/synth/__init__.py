@@ -14,33 +14,19 @@
 Names are imported lazily, so importing this package costs nothing until one is used.
 """
 
-import importlib
+from orchestra_jax.lazy import lazy_exports
 
 _EXPORTS = {
   "SynthConfig": "pipeline", "SynthResult": "pipeline", "synthesize": "pipeline", "validate_task_json": "pipeline",
-  "DataModel": "datamodel", "Table": "datamodel", "Column": "datamodel", "InvalidSpec": "datamodel",
-  "ToolDef": "tools", "compile_tools": "tools", "make_toolkit": "tools", "DeclarativeToolkit": "tools",
-  "SynthDomain": "domain", "SynthDomainError": "domain", "load_domain_dir": "domain", "write_domain_dir": "domain",
-  "build_domain": "domain",
+  **{name: "orchestra_jax.envs.datamodel" for name in ("DataModel", "Table", "Column", "InvalidSpec")},
+  **{name: "orchestra_jax.envs.declarative_tools" for name in ("ToolDef", "compile_tools", "make_toolkit",
+                                                              "DeclarativeToolkit")},
+  **{name: "orchestra_jax.envs.synth_domain" for name in ("SynthDomain", "SynthDomainError", "load_domain_dir",
+                                                          "write_domain_dir", "build_domain")},
   "Verdict": "verify", "verify_task": "verify",
   "SynthError": "llm", "StageFailed": "llm", "StageRunner": "llm", "parse_json_reply": "llm",
   "add_synth_parser": "cli", "run_synth": "cli",
 }
 
-_ELSEWHERE = {"datamodel": "orchestra_jax.envs.datamodel", "tools": "orchestra_jax.envs.declarative_tools",
-              "domain": "orchestra_jax.envs.synth_domain"}
-
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-  module = _EXPORTS.get(name)
-  if module is None:
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-  value = getattr(importlib.import_module(_ELSEWHERE.get(module, f"{__name__}.{module}")), name)
-  globals()[name] = value
-  return value
-
-
-def __dir__():
-  return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
