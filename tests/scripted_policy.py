@@ -7,6 +7,7 @@ decoding then reproduces them through the real sampler, tokenizer, parser and to
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import jax
 import jax.numpy as jnp
@@ -34,8 +35,6 @@ SCRIPTS = {
 
 
 def make_env(sleep_s: float = 0.0) -> FunctionEnvironment:
-  import time
-
   def add(a, b):
     time.sleep(sleep_s)
     return a + b

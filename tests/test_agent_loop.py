@@ -2,10 +2,13 @@
 
 import json
 
+import jax
 import pytest
 
 import scripted_policy
 from orchestra_jax import tokenizer as tokenizer_lib
+from orchestra_jax.model import qwen3
+from orchestra_jax.model.config import tiny
 from orchestra_jax.rollout.agent_loop import AgentLoop, RolloutConfig
 from orchestra_jax.rollout.sampler import Sampler
 from orchestra_jax.rollout.trajectory import Trajectory
@@ -105,9 +108,6 @@ def test_tool_latency_overlaps_with_decoding(policy, tok):
 
 
 def test_untrained_model_ends_without_tool_call(tok):
-  import jax
-  from orchestra_jax.model import qwen3
-  from orchestra_jax.model.config import tiny
   config = tiny(num_layers=1)
   sampler = Sampler(config, qwen3.init_params(config, jax.random.key(3)), max_len=512, batch_size=1)
   loop = AgentLoop(sampler, tok, scripted_policy.make_env(), RolloutConfig(temperature=0.0, max_new_tokens=8))

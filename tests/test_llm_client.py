@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+import requests
 
 from orchestra_jax.tools import llm_client
 from orchestra_jax.tools.llm_client import ChatClient, ClientConfigError, chat_many
@@ -98,7 +99,6 @@ def test_tool_calls_and_v1_base_url(srv):
 
 
 def test_models_listing(srv):
-  import requests
   data = requests.get(srv.base_url + "/v1/models", timeout=5).json()
   assert data["object"] == "list" and {"adder", "hanger", "echo"} <= {m["id"] for m in data["data"]}
 

@@ -3,16 +3,17 @@ corpus written here answers searches, and model-written code runs in real sandbo
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import socket
 
 import pytest
 
-from orchestra_jax.rollout.chat_format import ToolCall
-from orchestra_jax.tools.catalog import Catalog, CatalogError, llm_cost
+from orchestra_jax.rollout.tool_calls import ToolCall
+from orchestra_jax.tools.catalog import Catalog, CatalogError, UnknownAliasError, llm_cost
+from orchestra_jax.tools.experts import QAEnvError
 from orchestra_jax.tools.ledger import Ledger
-from orchestra_jax.tools.qa_env import (QAEnvError, QAEnvironment, cut_left, extract_answer, extract_code,
-                                        extract_query)
+from orchestra_jax.tools.qa_env import QAEnvironment, cut_left, extract_answer, extract_code, extract_query
 from orchestra_jax.tools.sandbox import CODE_EXEC_USD_PER_S, SandboxConfig
 from orchestra_jax.tools.scripted_server import ScriptedServer
 from orchestra_jax.tools.search import BM25Retriever
@@ -224,7 +225,6 @@ def test_call_expert_in_qa(catalog, retriever):
 
 def test_concurrent_calls_of_one_episode(catalog, retriever):
   """The agent loop runs the calls of one turn on a thread pool; the episode state must stay consistent."""
-  import concurrent.futures as cf
   env = _env(catalog, retriever)
   ep = env.new_episode({"id": "q8", "question": QUESTION}, "r8")
   calls = [_call("search", model="search-2"), _call("search", model="search-3"),
@@ -395,7 +395,6 @@ def test_offered_and_remapped_alias_uses_the_remapped_model(server, catalog, ret
 
 
 def test_offered_tools_errors(catalog, retriever):
-  from orchestra_jax.tools.catalog import UnknownAliasError
   env = _env(catalog, retriever)
   with pytest.raises(UnknownAliasError, match=r"task 'o5': 'tools' lists 'search-9', 'get_user_details'"):
     env.new_episode({"id": "o5", "question": QUESTION, "tools": ["search-1", "search-9", "get_user_details",

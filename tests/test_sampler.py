@@ -5,6 +5,7 @@ import dataclasses
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -13,6 +14,7 @@ from conftest import max_rel_err
 from orchestra_jax import checkpoint
 from orchestra_jax.model import qwen3
 from orchestra_jax.rollout.sampler import Sampler, SamplingParams, default_buckets
+from orchestra_jax.rollout.sampling import inverse_cdf_sample
 from orchestra_jax.sharding import ShardingConfig, make_mesh
 
 pytestmark = pytest.mark.usefixtures("highest_precision")
@@ -283,8 +285,6 @@ def test_sharded_sampler_matches_single_device(models, mesh_shape):
 
 def test_inverse_cdf_sampling_matches_the_distribution():
   """Frequencies of 20000 draws over a 3000-token distribution (several blocks) match its probabilities."""
-  import jax.numpy as jnp
-  from orchestra_jax.rollout.sampler import inverse_cdf_sample
   rng = np.random.RandomState(0)
   logits = np.full((1, 3000), -np.inf, np.float32)
   support = rng.choice(3000, 12, replace=False)

@@ -9,10 +9,10 @@ import pytest
 
 from orchestra_jax.envs import ScriptedUser
 from orchestra_jax.envs.user import UserSimulator
-from orchestra_jax.rollout.chat_format import ToolCall
-from orchestra_jax.tools.catalog import Catalog, llm_cost
+from orchestra_jax.rollout.tool_calls import ToolCall
+from orchestra_jax.tools.catalog import Catalog, UnknownAliasError, llm_cost
+from orchestra_jax.tools.experts import QAEnvError
 from orchestra_jax.tools.ledger import Ledger
-from orchestra_jax.tools.qa_env import QAEnvError
 from orchestra_jax.tools.scripted_server import ScriptedServer
 from orchestra_jax.tools.tau2_env import SEND_MESSAGE_TOOL, Tau2Environment
 
@@ -300,7 +300,6 @@ def test_offered_domain_tools_bind_orchestrator_and_expert(server, catalog):
 
 
 def test_offered_tools_unknown_names_raise(catalog):
-  from orchestra_jax.tools.catalog import UnknownAliasError
   env = _env(catalog)
   with pytest.raises(UnknownAliasError, match=r"'get_user_details', 'expert-9'.*tools of domain mock"):
     env.new_episode({"id": TASK, "tools": ["get_users", "get_user_details", "expert-9"]}, "o5")

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import sentencepiece as spm
 
 from orchestra_jax.tokenizer import (HFTokenizer, SentencePieceTokenizer, TokenizerError, load_tokenizer,
                                      qwen3_tokenizer_dir)
@@ -84,8 +85,6 @@ def test_chat_template_round_trips_tool_call(qwen):
 
 def _train_sentencepiece(folder, vocab_size=100, **kwargs):
   """A ~100-piece unigram model on a few hundred generated lines, in a second."""
-  import sentencepiece as spm
-
   rng = random.Random(0)
   syllables = ["al", "pha", "be", "ta", "gam", "ma", "del", "to", "ol", "ca", "ll", "se", "arch", "an", "swer", "mo",
                "re", "ward", "ün", "ïc", "ödé", "zu", "ki", "po", "ny"]

@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 from orchestra_jax.rollout import chat_format
 from orchestra_jax.rollout.environment import Episode, ToolEnvironment, ToolResult
 from orchestra_jax.rollout.sampler import Sampler, SamplingParams, TurnResult
+from orchestra_jax.rollout.tool_calls import ToolCall, ToolCallError, parse_assistant_turn, validate_tool_calls
 from orchestra_jax.rollout.trajectory import ToolCallRecord, Trajectory
 
 
@@ -87,7 +88,8 @@ class _Row:
   opened_at: float = dataclasses.field(default_factory=time.perf_counter)
 
 
-def _run_call(episode: Episode, call: chat_format.ToolCall) -> ToolResult:
+def run_call(episode: Episode, call: ToolCall) -> ToolResult:
+  """`episode.call(call)` that never raises, with a record (and its latency) always filled in."""
   start = time.perf_counter()
   try:
     result = episode.call(call)
@@ -99,6 +101,9 @@ def _run_call(episode: Episode, call: chat_format.ToolCall) -> ToolResult:
   if not result.record.latency_s:
     result.record.latency_s = time.perf_counter() - start
   return result
+
+
+_run_call = run_call  # the old name, still imported by evaluate/orchestrators.py
 
 
 class AgentLoop:
@@ -184,7 +189,7 @@ class AgentLoop:
 
   def _on_turn(self, row: _Row, turn: TurnResult, pool: cf.ThreadPoolExecutor) -> None:
     text = self.tokenizer.decode(turn.tokens, skip_special_tokens=False)
-    parsed = chat_format.parse_assistant_turn(text)
+    parsed = parse_assistant_turn(text)
     prompt = row.prompt_ids if self.config.mode == "rebuild" else None
     recorded = row.trajectory.append_generated(turn.tokens, turn.logprobs, turn.finish_reason, prompt_tokens=prompt,
                                                parsed=parsed, text=text)
@@ -192,7 +197,7 @@ class AgentLoop:
     row.last_token = turn.tokens[-1] if turn.tokens else None
     self.stats.turns += 1
     self.stats.generated_tokens += len(turn.tokens)
-    validation = chat_format.validate_tool_calls(parsed, row.tools)
+    validation = validate_tool_calls(parsed, row.tools)
     recorded.errors = list(parsed.errors) + validation
     if not parsed.tool_calls and not parsed.errors:
       row.trajectory.finish_reason = "no_tool_call" if turn.finish_reason != "length" else "length"
@@ -204,10 +209,10 @@ class AgentLoop:
     blocks += [(e.index if e.index is not None else len(text), e) for e in parsed.errors]
     row.replies, row.futures = [], []
     for _, item in sorted(blocks, key=lambda b: b[0]):
-      if isinstance(item, chat_format.ToolCallError):
+      if isinstance(item, ToolCallError):
         row.replies.append(f"Error: {item.message}")
       else:
-        future = pool.submit(_run_call, row.episode, item)
+        future = pool.submit(run_call, row.episode, item)
         row.replies.append(future)
         row.futures.append(future)
     self.stats.tool_calls += len(row.futures)

@@ -18,7 +18,7 @@ import dataclasses
 import time
 from typing import Any, Callable
 
-from orchestra_jax.rollout.chat_format import ToolCall
+from orchestra_jax.rollout.tool_calls import ToolCall
 from orchestra_jax.rollout.trajectory import ToolCallRecord
 
 

@@ -21,7 +21,9 @@ import dataclasses
 import json
 from typing import Any, Callable
 
+import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from orchestra_jax.rollout.sampler import Sampler, SamplingParams, TurnResult
 
@@ -36,9 +38,6 @@ class LockstepError(RuntimeError):
 
 def _broadcast_bytes(data: bytes | None) -> bytes:
   """Process 0's `data` on every process (`data` is ignored elsewhere)."""
-  import jax
-  from jax.experimental import multihost_utils
-
   is_main = jax.process_index() == 0
   n = np.array([len(data) if is_main else 0], np.int32)  # int32: JAX without x64 would narrow int64 anyway
   n = int(np.asarray(multihost_utils.broadcast_one_to_all(n))[0])
@@ -52,7 +51,6 @@ def _broadcast_bytes(data: bytes | None) -> bytes:
 
 def broadcast_json(value: Any = None) -> Any:
   """Process 0's JSON-able `value` on every process."""
-  import jax
   data = json.dumps(value, separators=(",", ":")).encode() if jax.process_index() == 0 else None
   return json.loads(_broadcast_bytes(data).decode())
 
@@ -156,7 +154,6 @@ def follow(sampler: Sampler) -> None:
 def run_on_main(sampler: Sampler, fn: Callable[[Leader], Any]) -> Any:
   """Runs `fn(leader)` on process 0 while the other processes follow its sampler calls; returns fn's JSON-able
   result on every process. An exception in `fn` is re-raised on process 0 and raised as `LockstepError` elsewhere."""
-  import jax
   if jax.process_index() != 0:
     follow(sampler)
     reply = broadcast_json()

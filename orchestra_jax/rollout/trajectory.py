@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from orchestra_jax.rollout.chat_format import ParsedTurn, ToolCall, ToolCallError
+from orchestra_jax.rollout.tool_calls import ParsedTurn, ToolCall, ToolCallError
 
 FORMAT_VERSION = 1
 

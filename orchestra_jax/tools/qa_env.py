@@ -38,11 +38,8 @@ malformed JSON, hangs past the read timeout or leaves out `usage`, a retriever o
 reply without a query / code block: each gives a `ToolResult` whose content is one line starting with
 "Error:", a `ToolCallRecord` with `error` set, and a ledger record with `ok=False`.
 
-Missing `usage`. `ChatClient` estimates token counts when a server leaves them out. With
-`missing_usage="error"` (default) such a call is treated as failed (reply discarded, error shown), but it is
-still charged at the estimated tokens, so a broken endpoint never looks free to the cost term of the reward.
-With `missing_usage="estimate"` the reply is used and the warning goes to the ledger record's `error` field
-(with `ok=True`).
+Expert calls go through `experts.ExpertClients` (one client per backend, shared by every episode) and are priced
+into the ledger by `experts.record_call`; see `experts` for what a reply without `usage` costs (`missing_usage`).
 
 Prompts. `messages()` is the opening prompt: a short system prompt (plus the task's `preference_text`) and one
 user message "Problem: …". `rebuild_messages()` is the reference's training mode (docs/design.md section 3): the
@@ -62,7 +59,6 @@ state is guarded by a lock that is never held across an LLM call or a sandbox ru
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import re
 import threading
@@ -70,23 +66,20 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from orchestra_jax.errors import UserError
-from orchestra_jax.rollout.chat_format import ToolCall
 from orchestra_jax.rollout.environment import Episode, ToolEnvironment, ToolResult
-from orchestra_jax.rollout.trajectory import ToolCallRecord
+from orchestra_jax.rollout.tool_calls import ToolCall
 from orchestra_jax.tools.catalog import QA_TOOLS, Backend, Catalog, InvalidToolCall, ResolvedCall, UnknownAliasError
+# ExpertClients, ExpertReply and record_call are re-exported: they lived here, and callers may still import them.
+from orchestra_jax.tools.experts import (ExpertClients, ExpertReply, QAEnvError, record_call,  # noqa: F401
+                                         shorten, strip_thinking)
 from orchestra_jax.tools.ledger import Ledger
-from orchestra_jax.tools.llm_client import ChatClient, ChatResult
 from orchestra_jax.tools.sandbox import SandboxConfig, run_python
 
 log = logging.getLogger(__name__)
 
-__all__ = ["QAEnvironment", "QAEpisode", "ExpertClients", "ExpertReply", "QAEnvError", "extract_query",
-           "extract_code", "extract_answer", "strip_thinking", "cut_left", "record_call", "offer_tools",
-           "DEFAULT_SYSTEM_PROMPT", "SEARCH_INSTRUCTION", "CODE_INSTRUCTION", "ANSWER_INSTRUCTION",
+__all__ = ["QAEnvironment", "QAEpisode", "QAEnvError", "extract_query", "extract_code", "extract_answer", "cut_left",
+           "offer_tools", "DEFAULT_SYSTEM_PROMPT", "SEARCH_INSTRUCTION", "CODE_INSTRUCTION", "ANSWER_INSTRUCTION",
            "EXPERT_INSTRUCTION"]
-
-MISSING_USAGE_MODES = ("error", "estimate")
 
 # --- prompts (the reference's wording, spelling fixed) ---------------------------------------------------
 DEFAULT_SYSTEM_PROMPT = "You are good at using tools."
@@ -107,16 +100,7 @@ EXPERT_INSTRUCTION = (
 CHOOSE_TOOL = "Choose an appropriate tool."
 
 
-class QAEnvError(UserError, ValueError):
-  """A QAEnvironment setting or task that cannot work; the message names the field."""
-
-
 # --- text helpers --------------------------------------------------------------------------------------
-def strip_thinking(text: str) -> str:
-  """The part of a reply after its last `</think>` (the whole text when there is none)."""
-  return text.split("</think>")[-1] if "</think>" in text else text
-
-
 def cut_left(text: str, limit: int) -> str:
   """The last `limit` characters of `text` (the reference truncates context from the left)."""
   if limit <= 0:
@@ -170,111 +154,6 @@ def extract_answer(text: str) -> str:
   return strip_thinking(text).strip()
 
 
-def _as_arguments(arguments: Any) -> dict[str, Any]:
-  if isinstance(arguments, Mapping):
-    return dict(arguments)
-  if isinstance(arguments, str):
-    try:
-      value = json.loads(arguments) if arguments.strip() else {}
-    except json.JSONDecodeError:
-      return {"_raw": arguments}
-    return dict(value) if isinstance(value, Mapping) else {"_raw": arguments}
-  return {} if arguments is None else {"_raw": arguments}
-
-
-def _short(text: str, limit: int = 120) -> str:
-  text = " ".join(str(text).split())
-  return text if len(text) <= limit else text[:limit] + "..."
-
-
-# --- expert LLM calls (shared with tau2_env) ------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class ExpertReply:
-  """One expert call: the client's result, and why it is unusable (None: usable)."""
-
-  result: ChatResult
-  error: str | None
-  warning: str | None = None  # usable but imperfect (token counts estimated, with missing_usage="estimate")
-
-  @property
-  def text(self) -> str:
-    return self.result.text if self.error is None else ""
-
-
-class ExpertClients:
-  """One `ChatClient` per (endpoint, model, key variable, prices), shared by every episode (thread-safe).
-
-  `client_options`: keyword arguments of `ChatClient` (connect_timeout, read_timeout, max_retries, backoff_s,
-  retry_after_cap_s, pool_size, count_tokens). `chat_options`: keyword arguments of `ChatClient.chat` used for
-  every call (max_tokens, temperature, stop, extra).
-  """
-
-  def __init__(self, client_options: Mapping[str, Any] | None = None,
-               chat_options: Mapping[str, Any] | None = None, missing_usage: str = "error"):
-    if missing_usage not in MISSING_USAGE_MODES:
-      raise QAEnvError(f"missing_usage must be one of {', '.join(MISSING_USAGE_MODES)}, got {missing_usage!r}")
-    self.client_options = dict(client_options or {})
-    for key in ("base_url", "model", "api_key_env", "price_in_per_m", "price_out_per_m"):
-      if key in self.client_options:
-        raise QAEnvError(f"client_options.{key} comes from the catalog's backend; remove it")
-    self.chat_options = dict(chat_options or {})
-    bad = sorted(set(self.chat_options) - {"max_tokens", "temperature", "stop", "extra"})
-    if bad:
-      raise QAEnvError(f"unknown chat_options {bad}; allowed: max_tokens, temperature, stop, extra")
-    self.missing_usage = missing_usage
-    ChatClient("http://127.0.0.1:9", "probe", **self.client_options).close()  # bad options fail here, early
-    self._clients: dict[tuple, ChatClient] = {}
-    self._lock = threading.Lock()
-
-  def client(self, backend: Backend) -> ChatClient:
-    key = (backend.base_url, backend.model, backend.api_key_env, backend.price_in, backend.price_out)
-    with self._lock:
-      client = self._clients.get(key)
-      if client is None:
-        client = ChatClient(backend.base_url, backend.model, backend.api_key_env,
-                            price_in_per_m=backend.price_in, price_out_per_m=backend.price_out,
-                            **self.client_options)
-        self._clients[key] = client
-    return client
-
-  def chat(self, backend: Backend, messages: Sequence[Mapping[str, Any]],
-           tools: Sequence[Mapping[str, Any]] | None = None) -> ExpertReply:
-    """One call; never raises for endpoint faults (see the module docstring for missing usage)."""
-    result = self.client(backend).chat(list(messages), tools=tools, **self.chat_options)
-    if not result.ok:
-      return ExpertReply(result, result.error or "the call failed")
-    if result.usage_estimated:
-      if self.missing_usage == "error":
-        return ExpertReply(result, f"tool endpoint {backend.base_url} returned no usage (token counts) for model "
-                           f"{backend.model}; the reply was discarded and the call charged at an estimated "
-                           f"{result.prompt_tokens}+{result.completion_tokens} tokens")
-      return ExpertReply(result, None, warning=result.warning)
-    return ExpertReply(result, None)
-
-  def close(self) -> None:
-    with self._lock:
-      clients, self._clients = list(self._clients.values()), {}
-    for c in clients:
-      c.close()
-
-
-def record_call(ledger: Ledger, rollout: Any, name: str, arguments: Any, *, content: str, error: str | None,
-                latency_s: float, backend: Backend | None = None, alias: str | None = None,
-                reply: ExpertReply | None = None, exec_s: float = 0.0, extra_cost_usd: float = 0.0,
-                model: str | None = None) -> ToolCallRecord:
-  """Writes one call to the ledger and returns the matching `ToolCallRecord` (same cost, tokens, error)."""
-  prompt_tokens = reply.result.prompt_tokens if reply is not None else 0
-  completion_tokens = reply.result.completion_tokens if reply is not None else 0
-  ledger_error = error if error is not None else (reply.warning if reply is not None else None)
-  rec = ledger.record_call(name, backend, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                           latency_s=max(0.0, latency_s), exec_s=max(0.0, exec_s), extra_cost_usd=extra_cost_usd,
-                           ok=error is None, error=ledger_error, rollout=rollout, alias=alias,
-                           model=model)
-  return ToolCallRecord(name=name, arguments=_as_arguments(arguments), alias=rec.alias, model=rec.model,
-                        result=content, error=error, cost_usd=rec.cost_usd, latency_s=rec.latency_s,
-                        tokens_in=prompt_tokens, tokens_out=completion_tokens)
-
-
 def offer_tools(catalog: Catalog, tools: Any, task_id: Any, *, own_tools: Sequence[str] = (),
                 own_label: str = "") -> tuple[Catalog, list[str]]:
   """A task's `tools` field applied: (`catalog.offer` of the listed aliases, the listed names of `own_tools`).
@@ -316,7 +195,7 @@ class QAEnvironment(ToolEnvironment):
       reference shows 1200).
     topk: documents per search (the reference asks its retriever for 50).
     tool_names: the catalog tools offered (default: search, enhance_reasoning, answer; add "call_expert").
-    client_options / chat_options / missing_usage: see `ExpertClients`.
+    client_options / chat_options / missing_usage: see `experts.ExpertClients`.
     context_chars / code_chars / attempt_chars: budgets of the rebuilt orchestrator prompt (left cuts).
     expert_doc_chars (None: whole documents) / expert_context_chars / expert_code_chars: same for the
       prompts of the expert LLMs.
@@ -498,7 +377,7 @@ class QAEpisode(Episode):
       with self._lock:
         finished, docs_seen = self.done, bool(self.docs)
       if finished:
-        raise InvalidToolCall(f"the episode is over: answer was already given ({_short(self.final_answer or '')!r})")
+        raise InvalidToolCall(f"the episode is over: answer was already given ({shorten(self.final_answer or '')!r})")
       resolved = self.catalog.parse_call(name, arguments, documents_seen=docs_seen,
                                          allowed_tools=self.tool_names)
     except InvalidToolCall as e:
@@ -546,7 +425,7 @@ class QAEpisode(Episode):
     query = extract_query(reply.text)
     if len(query) < 5:  # the reference skips retrieval for such queries
       return self._result(call, r, start, reply=reply,
-                          error=f"the model wrote no usable search query (got {_short(query)!r})")
+                          error=f"the model wrote no usable search query (got {shorten(query)!r})")
     query = query[:self.env.max_query_chars]
     allowed = None if self.allowed_doc_ids is None else [self.allowed_doc_ids]
     try:

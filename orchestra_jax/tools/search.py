@@ -19,14 +19,17 @@ question); None (for the whole list or one query) means the whole corpus.
 
 from __future__ import annotations
 
-from orchestra_jax.errors import UserError
-
 import dataclasses
 import http.server
 import json
 import os
 import threading
 from typing import Any, Iterable, Protocol, Sequence
+
+import numpy as np
+import requests
+
+from orchestra_jax.errors import UserError
 
 
 class CorpusError(UserError, ValueError):
@@ -115,10 +118,8 @@ class BM25Retriever:
   def __init__(self, docs: Iterable[dict[str, Any] | Doc], *, k1: float = 1.5, b: float = 0.75,
                method: str = "lucene", stopwords: str | list[str] | None = "en", stemmer: Any = None,
                keep_zero_scores: bool = False):
-    import bm25s  # imported here: only this retriever needs it
-    import numpy as np
+    import bm25s  # noqa: PLC0415  late: importing it takes seconds, and only this retriever needs it
 
-    self._np = np
     self._bm25s = bm25s
     ids, contents = [], []
     for i, d in enumerate(docs):
@@ -157,12 +158,11 @@ class BM25Retriever:
                                   show_progress=False)[0]
     token_ids = self._bm25.get_tokens_ids(tokens)
     if not token_ids:
-      return self._np.zeros(len(self.ids), dtype=self._np.float32)
+      return np.zeros(len(self.ids), dtype=np.float32)
     return self._bm25.get_scores_from_ids(token_ids)
 
   def retrieve(self, queries: Sequence[str], topk: int = 10,
                allowed_ids: Sequence[Iterable[str] | None] | None = None) -> list[list[Doc]]:
-    np = self._np
     allowed = _check_args(queries, topk, allowed_ids)
     out: list[list[Doc]] = []
     for query, whitelist in zip(queries, allowed):
@@ -193,9 +193,6 @@ class RemoteRetriever:
   def __init__(self, url: str, timeout_s: float = 30.0, session: Any = None, send_allowed_ids: bool = True):
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
       raise ValueError(f"retriever url must start with http:// or https://, got {url!r}")
-    import requests  # imported here: only this client needs it
-
-    self._requests = requests
     self.url = url
     self.timeout_s = timeout_s
     self.session = session or requests.Session()
@@ -207,7 +204,6 @@ class RemoteRetriever:
     payload: dict[str, Any] = {"queries": list(queries), "topk": topk}
     if allowed_ids is not None and self.send_allowed_ids:
       payload["allowed_ids"] = [None if a is None else sorted(a) for a in allowed]
-    requests = self._requests
     try:
       resp = self.session.post(self.url, json=payload, timeout=self.timeout_s)
     except requests.exceptions.Timeout:

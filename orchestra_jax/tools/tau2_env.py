@@ -25,7 +25,7 @@ the user's reply comes back. The tool result tells the orchestrator what the exp
 With `expert_mode="advice"` nothing is executed: the result is the expert's reply and proposed calls. The
 call is priced by the catalog backend of the chosen alias (per-sample `alias_map` remapping as in
 `QAEnvironment`); endpoint faults, unknown aliases and bad arguments give an "Error: ..." result, a record
-with `error` set and a ledger entry with `ok=False` (see `qa_env` for the missing-usage policy).
+with `error` set and a ledger entry with `ok=False` (see `experts` for the missing-usage policy).
 
 Ledger and records. Every call, including domain tools and messages to the user, is recorded in the ledger
 (rollout key = the rollout id) and returned as a `ToolCallRecord`; only `call_expert` costs money. The user's
@@ -59,12 +59,13 @@ from orchestra_jax.envs.domain import Domain, Task
 from orchestra_jax.envs.evaluation import RewardInfo, evaluate
 from orchestra_jax.envs.runner import DEFAULT_GREETING
 from orchestra_jax.envs.user import UserSimulator, stop_token
-from orchestra_jax.rollout.chat_format import ToolCall
 from orchestra_jax.rollout.environment import Episode, ToolEnvironment, ToolResult
+from orchestra_jax.rollout.tool_calls import ToolCall
 from orchestra_jax.tools.catalog import Catalog, InvalidToolCall
+from orchestra_jax.tools.experts import (ExpertClients, ExpertReply, QAEnvError, as_arguments, record_call, shorten,
+                                         strip_thinking)
 from orchestra_jax.tools.ledger import Ledger
-from orchestra_jax.tools.qa_env import (ExpertClients, ExpertReply, QAEnvError, _as_arguments, _short, offer_tools,
-                                        record_call, strip_thinking)
+from orchestra_jax.tools.qa_env import offer_tools
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ class Tau2Environment(ToolEnvironment):
     greeting: the agent's opening line when the task has no message history (None: the user opens).
     expert_mode: "delegate" (the expert acts) or "advice" (the expert only advises).
     max_expert_tool_calls: at most this many of one expert reply's tool calls are executed.
-    client_options / chat_options / missing_usage: see `qa_env.ExpertClients`.
+    client_options / chat_options / missing_usage: see `experts.ExpertClients`.
     judge / on_missing_judge: defaults for `grade()` (NL_ASSERTION tasks).
     context_chars: budget of `rebuild_messages()`: the oldest actions are dropped first.
     count_user_latency: record the user simulator's wall time as the latency of send_message_to_user.
@@ -363,7 +364,7 @@ class Tau2Episode(Episode):
         message = f"internal error in {call.name} ({type(e).__name__}: {e})"
         result = self._finish(call, start, content=f"Error: {message}", error=message)
       self._actions.append({"role": "assistant", "content": "",
-                            "tool_calls": [{"name": call.name, "arguments": _as_arguments(call.arguments)}]})
+                            "tool_calls": [{"name": call.name, "arguments": as_arguments(call.arguments)}]})
       self._actions.append({"role": "tool", "content": result.content})
       return result
 
@@ -491,5 +492,5 @@ def _openai_like(conversation: Sequence[Mapping[str, Any]]) -> list[dict[str, An
 
 def _args_text(args: Any) -> str:
   if isinstance(args, str):
-    return _short(args, 300)
-  return _short(json.dumps(args, ensure_ascii=False, default=str), 300)
+    return shorten(args, 300)
+  return shorten(json.dumps(args, ensure_ascii=False, default=str), 300)
