@@ -75,7 +75,7 @@ from orchestra_jax.model.config import ModelConfig, preset
 from orchestra_jax.rl.loss import batch_totals
 from orchestra_jax.rl.optimizer import make_optimizer
 from orchestra_jax.rl.train import TrainConfig, make_loss_fn, train_state_shardings
-from orchestra_jax.rollout.sampler import compute_params
+from orchestra_jax.rollout.compiled import compute_params
 from orchestra_jax.sharding import MESH_AXES, ShardingConfig
 
 GB = 1e9

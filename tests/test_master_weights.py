@@ -16,7 +16,8 @@ from orchestra_jax import checkpoint, cli, convert, rl
 from orchestra_jax.model import qwen3
 from orchestra_jax.model.config import tiny
 from orchestra_jax.rl.optimizer import precision_problem
-from orchestra_jax.rollout.sampler import Sampler, SamplingParams, compute_params
+from orchestra_jax.rollout.compiled import compute_params
+from orchestra_jax.rollout.sampler import Sampler, SamplingParams
 from orchestra_jax.sharding import ShardingConfig, make_mesh
 
 LR = 1e-6  # the design's learning rate

@@ -29,7 +29,7 @@ import types
 import typing
 from typing import Any, Callable, Literal, Union
 
-from orchestra_jax.rollout.chat_format import json_type
+from orchestra_jax.rollout.tool_calls import json_type
 
 __all__ = ["ValidationError", "from_json", "to_json", "json_schema", "canonical_json", "sha256_json", "field"]
 

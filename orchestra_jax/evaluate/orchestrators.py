@@ -15,7 +15,7 @@ from orchestra_jax import checkpoint, sharding as sharding_lib, tokenizer as tok
 from orchestra_jax.errors import UserError
 from orchestra_jax.evaluate.tasks import EvalSettings, env_task
 from orchestra_jax.rollout import chat_format
-from orchestra_jax.rollout.agent_loop import AgentLoop, RolloutConfig, _run_call
+from orchestra_jax.rollout.agent_loop import AgentLoop, RolloutConfig, run_call
 from orchestra_jax.rollout.sampler import Sampler
 from orchestra_jax.rollout.trajectory import Trajectory
 from orchestra_jax.tools.catalog import llm_cost
@@ -165,7 +165,7 @@ class _EndpointOrchestrator:
         if bad is not None:
           content = bad
         else:
-          res = _run_call(episode, call)
+          res = run_call(episode, call)
           res.record.turn_index = turns - 1
           traj.add_tool_call(res.record)
           content = res.content

@@ -103,7 +103,6 @@ def run_call(episode: Episode, call: ToolCall) -> ToolResult:
   return result
 
 
-_run_call = run_call  # the old name, still imported by evaluate/orchestrators.py
 
 
 class AgentLoop:

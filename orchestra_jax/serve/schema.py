@@ -14,7 +14,7 @@ import uuid
 from typing import Any, Sequence
 
 from orchestra_jax.rollout import chat_format
-from orchestra_jax.rollout.sampler import MAX_STOP_IDS, SamplingParams
+from orchestra_jax.rollout.sampling import MAX_STOP_IDS, SamplingParams
 from orchestra_jax.tokenizer import TokenizerError
 
 _CHAT_STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
