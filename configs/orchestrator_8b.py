@@ -16,8 +16,12 @@ import ml_collections
 
 from orchestra_jax.environments import data_env_config
 from orchestra_jax.model.config import qwen3_8b
+from orchestra_jax.training_config import (DebugSection, MeshSection, RewardSection, RolloutSection, SftSection,
+                                           TrainSection, section)
 
 
+# The sections' dataclass defaults are the paper's hyperparameters (orchestra_jax/training_config.py, with the
+# reasons for each); every field still lands in the config, so each can be overridden from the command line.
 def get_config() -> ml_collections.ConfigDict:
   cfg = ml_collections.ConfigDict()
   # Every ModelConfig field, so any of them can be overridden from the command line. Full per-layer remat:
@@ -26,10 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
   # weights would never change; the bf16 checkpoint is cast up on load and `orchestra convert jax-to-hf
   # --dtype bfloat16` casts back for serving.
   cfg.model = qwen3_8b(remat="full", param_dtype="float32", dtype="bfloat16").to_dict()
-  # (data, fsdp, tensor): weights, grads and Adam state sharded over fsdp; tensor=4 splits the 32 query / 8 KV
-  # heads, which is what makes 32k-token rows fit (memory plan: (1, 32, 1) needs ~240 GB per chip, (1, 8, 4) ~80 GB
-  # on a v5p-64). -1 = the rest of the chips.
-  cfg.mesh = ml_collections.ConfigDict({"shape": (1, -1, 4)})
+  cfg.mesh = section(MeshSection)  # (data, fsdp, tensor) = (1, -1, 4)
   cfg.seed = 0
   # Modules imported before the registries are read (module names, or .py paths relative to the working dir), so
   # the variants they register can be named below: `--config.imports=my_rewards.py --config.reward.name=mine`.
@@ -55,57 +56,15 @@ def get_config() -> ml_collections.ConfigDict:
   cfg.prompts_per_step = 16  # tasks per step (paper: 16)
   cfg.group_size = 8  # rollouts per task (paper: 8)
 
-  cfg.rollout = ml_collections.ConfigDict({
-      "max_turns": 30,  # paper: 30 in training (50 at evaluation, see `eval`)
-      "max_new_tokens": 8768,  # paper: response up to 8768 tokens per turn
-      "temperature": 1.0,  # paper: 1.0
-      "top_p": 1.0,
-      "top_k": 0,
-      "mode": "rebuild",  # the reference rebuilds one user message from state each turn (docs/design.md section 3)
-      "tool_workers": 64,  # tool calls in flight at once (experts answer in 9-96 s)
-      "max_len": 32768,  # prompt up to 24000 + response 8768 (paper)
-      "batch_size": 128,  # sampler slots = prompts_per_step x group_size: one step's rollouts decode together
-      "chunk_steps": 16,
-      "enable_thinking": True,
-  })
-
-  cfg.reward = ml_collections.ConfigDict({
-      "name": "preference",  # R = 0 if wrong else P . normalised [tool counts, outcome, -cost, -latency]
-      "estimator": "grpo",
-      "clip": 3.0,  # advantages clipped to [-3, 3]
-      "boost": 0.1,  # the reference's +0.1 where A >= 1
-      "std_threshold": 0.1,  # drop groups whose reward std <= 0.1
-      "drop_no_final_answer": True,  # paper: drop rollouts that never produced a final answer
-      "require_tool_call": True,  # paper: drop turns without a parseable tool call
-  })
-
-  cfg.train = ml_collections.ConfigDict({
-      "learning_rate": 1e-6,  # AdamW, constant (paper)
-      "b1": 0.9,
-      "b2": 0.999,
-      "weight_decay": 0.01,
-      "grad_clip_norm": 1.0,
-      "mini_batch_size": 16,  # turn samples per optimizer step (paper: 16)
-      "ppo_epochs": 1,
-      # 16 rows of up to 32k tokens: two micro-batches of 8, one row per fsdp shard of a (1, 8, 4) mesh.
-      "grad_accum_steps": 2,
-      "clip_low": 0.2,  # ratio clipped to [1 - 0.2, 1 + 0.28] (clip-higher)
-      "clip_high": 0.28,
-      "dual_clip": 10.0,
-      "aggregation": "token_mean",
-      "kl_type": "mse",  # 0.5 (logp - logp_ref)^2
-      "kl_coef": 1e-4,
-      "old_logprobs": "recompute",  # the sampler's log-probs are not the policy's at top-p < 1 or after updates
-      "logprob_window": 8768,  # responses are right-aligned: score only their last max_new_tokens positions
-      "seq_bucket": 2048,  # pad training sequences to a multiple of this (few compiled shapes)
-  })
-
-  cfg.sft = ml_collections.ConfigDict({"steps": 0, "learning_rate": 1e-5, "batch_size": 16})  # no warm-up
+  cfg.rollout = section(RolloutSection)  # 30 turns of up to 8768 new tokens in 32768 positions, temperature 1
+  cfg.reward = section(RewardSection)  # the preference reward, GRPO advantages clipped to [-3, 3]
+  cfg.train = section(TrainSection)  # AdamW at 1e-6, clip-higher [0.2, 0.28], 16 samples per step, recomputed
+  cfg.sft = section(SftSection)  # no warm-up
 
   cfg.eval_every = 25  # RL steps between evaluations (also at the start and the end)
   cfg.checkpoint_every = 10
   cfg.keep_checkpoints = 3
-  cfg.debug = ml_collections.ConfigDict({"nan_at_step": -1})
+  cfg.debug = section(DebugSection)
 
   # `orchestra generate` / `orchestra eval`: Qwen3's recommended 0.6 for thinking mode (greedy repeats itself).
   cfg.generate = ml_collections.ConfigDict({"max_new_tokens": 8768, "temperature": 0.6})

@@ -30,7 +30,7 @@ import functools
 import random
 import threading
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import ml_collections
 import numpy as np
@@ -41,9 +41,9 @@ from orchestra_jax.grading import JUDGE_PROMPTS, JudgeUnavailable, LLMJudge, gra
 from orchestra_jax.registry import Registry
 from orchestra_jax.rollout.environment import Episode, ToolEnvironment
 
-__all__ = ["EnvSetup", "GradingUnavailable", "ENVIRONMENTS", "DATA_ENV_DEFAULTS", "RecordEnvironment", "demo_environment",
-           "data_environment", "data_env_config", "validate_env", "load_task_records", "eval_group",
-           "parse_preference", "register_task_family"]
+__all__ = ["EnvSetup", "GradingUnavailable", "ENVIRONMENTS", "ENV_SECTIONS", "DATA_ENV_DEFAULTS", "DataEnvSection",
+           "DemoEnvSection", "RecordEnvironment", "demo_environment", "data_environment", "data_env_config",
+           "load_task_records", "eval_group", "parse_preference", "register_task_family"]
 
 
 class GradingUnavailable(UserError):
@@ -63,18 +63,50 @@ class EnvSetup:
   sft_examples: Callable[[Any, list[dict], int], list[tuple[list[int], list[int]]]] | None = None
 
 
+def _bad(key: str, why: str) -> config_lib.ConfigFileError:
+  return config_lib.ConfigFileError(f"bad value for config key '{key}': {why}")
+
+
+def _typed(cls, env):
+  """The family's typed `env` section: a TrainingConfig carries it built and checked; a plain ConfigDict (tests,
+  notebooks) is built here, so every family body reads typed fields either way."""
+  return env if isinstance(env, cls) else cls(**env.to_dict())
+
+
 # --- demo ----------------------------------------------------------------------------------------------
 
+@dataclasses.dataclass(frozen=True)
+class DemoEnvSection:
+  """The `env` section for `env.name="demo"` (configs/demo.py)."""
+
+  KEY: ClassVar[str] = "env"
+  name: str = "demo"
+  num_train_tasks: int = 480
+  num_eval_tasks: int = 60  # per preference
+  # Presets mixed in training, each evaluated separately. One preference per run: a 10M-parameter policy
+  # trained on a mix collapses onto the always-right expert before it learns to read the preference.
+  preferences: tuple[str, ...] = ("cheap",)
+
+  def __post_init__(self):
+    for key in ("num_train_tasks", "num_eval_tasks"):
+      if getattr(self, key) < 1:
+        raise _bad(f"env.{key}", f"must be >= 1, got {getattr(self, key)}")
+    if not self.preferences:
+      raise _bad("env.preferences", "name at least one preference preset")
+
+
 @contextlib.contextmanager
-def demo_environment(cfg: ml_collections.ConfigDict):
+def demo_environment(cfg):
+  """`cfg`: a TrainingConfig, or a training ConfigDict."""
   from orchestra_jax.demo import world as demo
 
-  prefs = list(cfg.env.preferences)
+  e = _typed(DemoEnvSection, cfg.env)
+  prefs = list(e.preferences)
   with demo.DemoWorld(seed=cfg.seed) as w:
     yield EnvSetup(
         env=w.env(), aliases=list(w.aliases),
-        train_tasks=demo.make_tasks(cfg.env.num_train_tasks, seed=cfg.seed, preference=prefs),
-        eval_tasks={p: demo.make_tasks(cfg.env.num_eval_tasks, seed=cfg.seed + 10_000, preference=p) for p in prefs},
+        train_tasks=demo.make_tasks(e.num_train_tasks, seed=cfg.seed, preference=prefs),
+        eval_tasks={p: demo.make_tasks(e.num_eval_tasks, seed=cfg.seed + 10_000, preference=p) for p in prefs},
         grade=lambda task, traj, episode: w.grade(task, traj.final_answer),
         preference_vector=w.preference_vector, sft_examples=demo.sft_examples)
 
@@ -203,12 +235,56 @@ def parse_preference(text: str, key: str = "env.default_preference") -> dict[str
   return out
 
 
+@dataclasses.dataclass(frozen=True)
+class DataEnvSection:
+  """The `env` section for `env.name="data"`; `data_env_config(...)` writes one into a config file."""
+
+  KEY: ClassVar[str] = "env"
+  BUILT_WITH: ClassVar[str] = " for env.name='data'; build it with orchestra_jax.environments.data_env_config(...)"
+  name: str = "data"
+  train_data: tuple[str, ...] | str = ()  # JSONL files of the training-data format (orchestra_jax/data/format.py)
+  eval_data: tuple[str, ...] | str = ()  # () = hold out num_eval_tasks training records
+  num_eval_tasks: int = 64  # held out, or the first N of eval_data (0 = all of eval_data)
+  catalog: str = ""  # tool catalog JSON ('' = configs/tools/default_catalog.json)
+  default_preference: str = "outcome=1"  # FEATURE=WEIGHT, ... for records without `preference`
+  corpus: str = ""  # BM25 over a {id, contents} JSONL for `search`
+  retriever_url: str = ""  # or a remote retriever (tools/search.py RemoteRetriever)
+  topk: int = 10  # documents per search
+  judge_endpoint: str = ""
+  judge_model: str = ""
+  judge_api_key_env: str = ""
+  judge_prompt: str = "reference"
+  user_endpoint: str = ""
+  user_model: str = ""
+  user_api_key_env: str = ""
+  user_temperature: float = 0.0
+  expert_mode: str = "delegate"  # tau2 call_expert: the expert acts ("delegate") or only advises ("advice")
+  read_timeout: float = 300.0  # seconds, every endpoint
+  max_retries: int = 3
+
+  def __post_init__(self):
+    parse_preference(self.default_preference)
+    if self.expert_mode not in ("delegate", "advice"):
+      raise _bad("env.expert_mode", f"{self.expert_mode!r} (delegate | advice)")
+    if self.judge_prompt not in JUDGE_PROMPTS:
+      raise _bad("env.judge_prompt", f"{self.judge_prompt!r} (known: {', '.join(JUDGE_PROMPTS)})")
+    if bool(self.judge_endpoint) != bool(self.judge_model):
+      raise config_lib.ConfigFileError("config keys 'env.judge_endpoint' and 'env.judge_model' go together: set "
+                                       "both or neither")
+    if self.corpus and self.retriever_url:
+      raise config_lib.ConfigFileError("config keys 'env.corpus' and 'env.retriever_url' exclude each other")
+    if self.num_eval_tasks < 0 or self.topk < 1 or self.read_timeout <= 0 or self.max_retries < 0:
+      raise config_lib.ConfigFileError("bad value in config section 'env': num_eval_tasks and max_retries must be "
+                                       ">= 0, topk >= 1, read_timeout > 0")
+
+
 @contextlib.contextmanager
-def data_environment(cfg: ml_collections.ConfigDict):
+def data_environment(cfg):
+  """`cfg`: a TrainingConfig, or a training ConfigDict."""
   from orchestra_jax.data.preferences import alias_map_to_remap, preference_array
   from orchestra_jax.tools.catalog import Catalog
 
-  e = cfg.env
+  e = _typed(DataEnvSection, cfg.env)
   train_paths = _paths(e.train_data)
   if not train_paths:
     raise config_lib.ConfigFileError("config key 'env.train_data' is empty: give one or more JSONL files of the "
@@ -297,65 +373,27 @@ def data_environment(cfg: ml_collections.ConfigDict):
                    preference_vector=preference_vector)
 
 
-# The "task_family" category of orchestra_jax/registry.py: `env.name` -> a context manager `fn(cfg)` that yields an
-# EnvSetup. A user's module (config key `imports`) adds one with `@register_task_family("mine")`.
-ENVIRONMENTS: Registry[Callable[[ml_collections.ConfigDict], Any]] = Registry("task_family")
+# The "task_family" category of orchestra_jax/registry.py: `env.name` -> a context manager `fn(config)` that yields
+# an EnvSetup; `config` is the run's `training_config.TrainingConfig`, whose `env` is the family's section of
+# ENV_SECTIONS, or the plain ConfigDict for a family without one. A user's module (config key `imports`) adds a
+# family with `@register_task_family("mine")` (and, for a typed `env`, its dataclass in ENV_SECTIONS).
+ENVIRONMENTS: Registry[Callable[[Any], Any]] = Registry("task_family")
 register_task_family = ENVIRONMENTS.register
 register_task_family("demo")(demo_environment)
 register_task_family("data")(data_environment)
 
-# The `env` section of a `data` config, every key with its default; `data_env_config(...)` builds one.
-DATA_ENV_DEFAULTS = {
-    "name": "data",
-    "train_data": (),  # JSONL files of the training-data format (orchestra_jax/data/format.py)
-    "eval_data": (),  # () = hold out num_eval_tasks training records
-    "num_eval_tasks": 64,  # held out, or the first N of eval_data (0 = all of eval_data)
-    "catalog": "",  # tool catalog JSON ('' = configs/tools/default_catalog.json)
-    "default_preference": "outcome=1",  # FEATURE=WEIGHT, ... for records without `preference`
-    "corpus": "",  # BM25 over a {id, contents} JSONL for `search`
-    "retriever_url": "",  # or a remote retriever (tools/search.py RemoteRetriever)
-    "topk": 10,  # documents per search
-    "judge_endpoint": "", "judge_model": "", "judge_api_key_env": "", "judge_prompt": "reference",
-    "user_endpoint": "", "user_model": "", "user_api_key_env": "", "user_temperature": 0.0,
-    "expert_mode": "delegate",  # tau2 call_expert: the expert acts ("delegate") or only advises ("advice")
-    "read_timeout": 300.0,  # seconds, every endpoint
-    "max_retries": 3,
-}
+# env.name -> the dataclass its `env` section is built into (`training_config.TrainingConfig.from_config`).
+ENV_SECTIONS: dict[str, type] = {"demo": DemoEnvSection, "data": DataEnvSection}
+
+# The `env` section of a `data` config, every key with its default (DataEnvSection's).
+DATA_ENV_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DataEnvSection)}
 
 
 def data_env_config(**changes: Any) -> ml_collections.ConfigDict:
   """The `env` section for `env.name="data"`: `DATA_ENV_DEFAULTS` with `changes` (unknown keys refused), so a
-  config file lists every key and each can be overridden on the command line."""
+  config file lists every key and each can be overridden on the command line. Checked when the run validates
+  its config, after the overrides."""
   unknown = sorted(set(changes) - set(DATA_ENV_DEFAULTS))
   if unknown:
     raise config_lib.ConfigFileError(f"unknown config key 'env.{unknown[0]}' (known: {', '.join(DATA_ENV_DEFAULTS)})")
   return ml_collections.ConfigDict({**DATA_ENV_DEFAULTS, **changes})
-
-
-def validate_env(cfg: ml_collections.ConfigDict) -> None:
-  """The `env` section as one clear line per problem (called by `trainer.validate`)."""
-  if cfg.env.name not in ENVIRONMENTS:
-    raise config_lib.ConfigFileError(
-        f"bad value for config key 'env.name': {cfg.env.name!r} (known: {', '.join(sorted(ENVIRONMENTS))})")
-  if cfg.env.name != "data":
-    return
-  missing = [k for k in DATA_ENV_DEFAULTS if k not in cfg.env]
-  if missing:
-    raise config_lib.ConfigFileError(
-        f"config section 'env' lacks {', '.join(repr(k) for k in missing)} for env.name='data'; build it with "
-        "orchestra_jax.environments.data_env_config(...)")
-  parse_preference(cfg.env.default_preference)
-  if cfg.env.expert_mode not in ("delegate", "advice"):
-    raise config_lib.ConfigFileError(
-        f"bad value for config key 'env.expert_mode': {cfg.env.expert_mode!r} (delegate | advice)")
-  if cfg.env.judge_prompt not in JUDGE_PROMPTS:
-    raise config_lib.ConfigFileError(
-        f"bad value for config key 'env.judge_prompt': {cfg.env.judge_prompt!r} (known: {', '.join(JUDGE_PROMPTS)})")
-  if bool(cfg.env.judge_endpoint) != bool(cfg.env.judge_model):
-    raise config_lib.ConfigFileError("config keys 'env.judge_endpoint' and 'env.judge_model' go together: set both "
-                                     "or neither")
-  if cfg.env.corpus and cfg.env.retriever_url:
-    raise config_lib.ConfigFileError("config keys 'env.corpus' and 'env.retriever_url' exclude each other")
-  if cfg.env.num_eval_tasks < 0 or cfg.env.topk < 1 or cfg.env.read_timeout <= 0 or cfg.env.max_retries < 0:
-    raise config_lib.ConfigFileError("bad value in config section 'env': num_eval_tasks and max_retries must be "
-                                     ">= 0, topk >= 1, read_timeout > 0")

@@ -203,14 +203,15 @@ def run_checks(cfg: ml_collections.ConfigDict) -> list[Check]:
   from orchestra_jax.environments import ENVIRONMENTS
 
   rows: list[Check] = []
-  if not _step(rows, "config", lambda: (trainer.validate(cfg), "valid")[1]):
+  typed = []  # the TrainingConfig, for the task family, as the trainer hands it over
+  if not _step(rows, "config", lambda: (typed.append(trainer.validate(cfg)), "valid")[1]):
     return rows
   _step(rows, "init_checkpoint", lambda: _checkpoint(cfg))
   _step(rows, "workdir", lambda: _workdir(cfg))
   tasks: list[dict[str, Any]] = []
 
   def data() -> str:
-    with ENVIRONMENTS[cfg.env.name](cfg) as setup:
+    with ENVIRONMENTS[cfg.env.name](typed[0]) as setup:
       tasks.extend(setup.train_tasks)
       groups = ", ".join(f"{k} {len(v)}" for k, v in setup.eval_tasks.items())
       tasks.extend(t for g in setup.eval_tasks.values() for t in g)

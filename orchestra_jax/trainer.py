@@ -42,23 +42,20 @@ import numpy as np
 
 from orchestra_jax import checkpoint as model_ckpt
 from orchestra_jax import configs as config_lib
-from orchestra_jax import registry
 from orchestra_jax import sharding as sharding_lib
-from orchestra_jax.environments import ENVIRONMENTS, EnvSetup, validate_env
+from orchestra_jax.environments import ENVIRONMENTS, EnvSetup
 from orchestra_jax.errors import UserError
 from orchestra_jax.model import qwen3
 from orchestra_jax.model.config import ModelConfig
-from orchestra_jax.reward.advantages import AdvantageConfig
 from orchestra_jax.reward.features import group_arrays
 from orchestra_jax.reward.pipeline import RewardConfig, score_groups
-from orchestra_jax.rl.loss import LossConfig
-from orchestra_jax.rl.optimizer import OptimizerConfig
-from orchestra_jax.rl.train import (TrainConfig, init_train_state, is_finite, make_compute_logprobs, make_train_step,
-                                    shard_batch)
+from orchestra_jax.rl.train import init_train_state, is_finite, make_compute_logprobs, make_train_step, shard_batch
 from orchestra_jax.rollout import lockstep
-from orchestra_jax.rollout.agent_loop import AgentLoop, RolloutConfig, RolloutStats
+from orchestra_jax.rollout.agent_loop import AgentLoop, RolloutStats
 from orchestra_jax.rollout.sampler import Sampler
 from orchestra_jax.rollout.trajectory import Trajectory
+from orchestra_jax.training_config import (RewardSection, TrainingConfig, build_section,  # noqa: F401 (re-exported)
+                                           import_user_modules)
 
 
 GRADE_WORKERS = 8  # rollouts graded at once (QA with a remote LLM judge waits on HTTP)
@@ -76,29 +73,17 @@ def _to_host(x) -> np.ndarray:
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-# --- config --------------------------------------------------------------------------------------------
+# --- config ---------------------------------------------------------------------------------------------
 
-def _rollout_config(cfg, temperature: float | None = None) -> RolloutConfig:
-  r = cfg.rollout
-  return RolloutConfig(max_turns=r.max_turns, max_new_tokens=r.max_new_tokens, temperature=r.temperature
-                       if temperature is None else temperature, top_p=r.top_p, top_k=r.top_k, mode=r.mode,
-                       tool_workers=r.tool_workers, enable_thinking=r.enable_thinking)
-
-
-def _train_config(cfg) -> TrainConfig:
-  t = cfg.train
-  loss = LossConfig(clip_low=t.clip_low, clip_high=t.clip_high, dual_clip=t.dual_clip, aggregation=t.aggregation,
-                    kl_type=t.kl_type, kl_coef=t.kl_coef)
-  opt = OptimizerConfig(learning_rate=t.learning_rate, b1=t.b1, b2=t.b2, weight_decay=t.weight_decay,
-                        grad_clip_norm=t.grad_clip_norm)
-  return TrainConfig(loss=loss, optimizer=opt, grad_accum_steps=t.grad_accum_steps,
-                     logprob_window=t.logprob_window or None)
+def validate(cfg: ml_collections.ConfigDict) -> TrainingConfig:
+  """The typed config, or one clear ConfigFileError line, before any work starts (`TrainingConfig.from_config`:
+  imports the config's `imports` first)."""
+  return TrainingConfig.from_config(cfg)
 
 
-def _reward_config(cfg) -> RewardConfig:
-  r = cfg.reward
-  return RewardConfig(reward=r.name, advantage=AdvantageConfig(estimator=r.estimator, clip=r.clip, boost=r.boost),
-                      std_threshold=r.std_threshold, drop_no_final_answer=r.drop_no_final_answer)
+def _reward_config(cfg: ml_collections.ConfigDict) -> RewardConfig:
+  """The RewardConfig of a config's `reward` section, for callers holding only the ConfigDict."""
+  return build_section(RewardSection, cfg.reward).reward_config()
 
 
 def architecture_mismatch(checkpoint_config: ModelConfig, model_config: ModelConfig) -> list[str]:
@@ -107,68 +92,6 @@ def architecture_mismatch(checkpoint_config: ModelConfig, model_config: ModelCon
   same = dict(remat=model_config.remat, param_dtype=model_config.param_dtype, dtype=model_config.dtype)
   theirs = dataclasses.asdict(checkpoint_config.replace(**same))
   return sorted(k for k, v in theirs.items() if getattr(model_config, k) != v)
-
-
-# Top-level keys every training config has; a config without them (e.g. tiny: a model only) cannot train.
-TRAINING_SECTIONS = ("env", "steps", "prompts_per_step", "group_size", "rollout", "reward", "train", "sft", "workdir")
-
-
-# Config keys that name a registered variant, with their registry category (orchestra_jax/registry.py).
-# (env.name, the "task_family" category, is checked by validate_env.)
-REGISTRY_KEYS = (("reward.name", "reward"), ("reward.estimator", "advantage"), ("train.aggregation", "aggregation"),
-                 ("train.kl_type", "kl"))
-
-
-def import_user_modules(cfg: ml_collections.ConfigDict) -> None:
-  """Imports the modules of the config's top-level `imports` (module names or .py paths), so what they register
-  (`@register_reward("mine")`, ...) is there before a registry is read. Configs saved before the key: none."""
-  try:
-    registry.import_modules(cfg.get("imports", ()))
-  except registry.UserModuleError as e:
-    raise config_lib.ConfigFileError(f"bad value for config key 'imports': {e}") from None
-
-
-def validate(cfg: ml_collections.ConfigDict) -> None:
-  """Config problems as one clear line each, before any work starts. Imports the config's `imports` first."""
-  import_user_modules(cfg)
-  missing = [k for k in TRAINING_SECTIONS if k not in cfg]
-  if missing:  # e.g. a model-only config (tiny) given to `orchestra train`
-    raise config_lib.ConfigFileError(
-        f"config lacks {', '.join(repr(k) for k in missing)}: not a training config (training configs: demo, "
-        "orchestrator_8b)")
-  validate_env(cfg)
-  for key, category in REGISTRY_KEYS:  # a name a forgotten `imports` would register fails here, not mid-run
-    section, field = key.split(".")
-    if cfg[section][field] not in registry.Registry(category):
-      raise config_lib.ConfigFileError(f"bad value for config key '{key}': {cfg[section][field]!r} "
-                                       f"(known: {', '.join(registry.names(category))})")
-  for key in ("steps", "prompts_per_step", "group_size", "train.mini_batch_size", "rollout.batch_size"):
-    node = cfg
-    for part in key.split("."):
-      node = node[part]
-    if node < 1:
-      raise config_lib.ConfigFileError(f"bad value for config key '{key}': must be >= 1, got {node}")
-  if cfg.group_size < 2:
-    raise config_lib.ConfigFileError("bad value for config key 'group_size': GRPO needs at least 2 rollouts per task")
-  if cfg.train.old_logprobs not in ("recompute", "sampler"):
-    raise config_lib.ConfigFileError(
-        f"bad value for config key 'train.old_logprobs': {cfg.train.old_logprobs!r} (recompute | sampler)")
-  r = cfg.rollout
-  if cfg.train.old_logprobs == "sampler" and (r.temperature != 1.0 or r.top_p < 1.0 or r.top_k > 0):
-    raise config_lib.ConfigFileError(
-        "bad value for config key 'train.old_logprobs': 'sampler' log-probs equal the policy's only at "
-        "rollout.temperature=1 without top-p/top-k; use 'recompute'")
-  from orchestra_jax.rl.optimizer import precision_problem
-  problem = precision_problem(cfg.model.param_dtype, cfg.train.learning_rate)
-  if problem:
-    raise config_lib.ConfigFileError(problem)
-  if cfg.train.mini_batch_size % cfg.train.grad_accum_steps:
-    raise config_lib.ConfigFileError(
-        "bad value for config key 'train.grad_accum_steps': must divide train.mini_batch_size")
-  try:
-    _rollout_config(cfg), _train_config(cfg), _reward_config(cfg)
-  except (ValueError, KeyError) as e:
-    raise config_lib.ConfigFileError(f"bad training config: {e}") from None
 
 
 # --- batches -------------------------------------------------------------------------------------------
@@ -255,20 +178,20 @@ class MetricsLog:
 
 class Trainer:
   def __init__(self, cfg: ml_collections.ConfigDict, quiet: bool = False):
-    validate(cfg)
-    self.cfg = cfg
+    self.config: TrainingConfig = validate(cfg)
+    self.cfg = cfg  # as loaded, for run_config.json: the typed config is read everywhere else
     self.quiet = quiet
-    self.model_config: ModelConfig = config_lib.model_config(cfg)
-    self.sharding = sharding_lib.ShardingConfig(sharding_lib.make_mesh(tuple(cfg.mesh.shape)))
-    self.workdir = Path(cfg.workdir).absolute()
+    self.model_config: ModelConfig = self.config.model
+    self.sharding = sharding_lib.ShardingConfig(sharding_lib.make_mesh(tuple(self.config.mesh.shape)))
+    self.workdir = Path(self.config.workdir).absolute()
     self.is_main = jax.process_index() == 0
     self.workdir.mkdir(parents=True, exist_ok=True)
     if self.is_main:  # the resolved config (overrides applied): `--config WORKDIR/run_config.json` repeats the run
       config_lib.save_config(cfg, self.workdir / "run_config.json")
-    self.train_config = _train_config(cfg)
-    self.reward_config = _reward_config(cfg)
+    self.train_config = self.config.train.train_config()
+    self.reward_config = self.config.reward.reward_config()
     from orchestra_jax import tokenizer as tokenizer_lib
-    self.tokenizer = tokenizer_lib.load_tokenizer(cfg.tokenizer_dir or None)
+    self.tokenizer = tokenizer_lib.load_tokenizer(self.config.tokenizer_dir or None)
     self.train_step = make_train_step(self.model_config, self.train_config, self.sharding)
     window = self.train_config.logprob_window
     self.compute_logprobs = make_compute_logprobs(self.model_config, self.train_config.logprob_chunk_size,
@@ -278,7 +201,7 @@ class Trainer:
   # --- checkpoints ---------------------------------------------------------------------------------
   def _manager(self):
     import orbax.checkpoint as ocp
-    options = ocp.CheckpointManagerOptions(max_to_keep=self.cfg.keep_checkpoints, create=True,
+    options = ocp.CheckpointManagerOptions(max_to_keep=self.config.keep_checkpoints, create=True,
                                            enable_async_checkpointing=True)
     return ocp.CheckpointManager(self.workdir / "checkpoints", options=options, item_names=("state", "data"))
 
@@ -298,33 +221,33 @@ class Trainer:
   def _iterator(self, tasks: list[dict]) -> Iterator[list[dict]]:
     import grain
 
-    ds = grain.MapDataset.source(tasks).shuffle(seed=self.cfg.seed).repeat(None)
-    ds = ds.batch(self.cfg.prompts_per_step, drop_remainder=True, batch_fn=list)
+    ds = grain.MapDataset.source(tasks).shuffle(seed=self.config.seed).repeat(None)
+    ds = ds.batch(self.config.prompts_per_step, drop_remainder=True, batch_fn=list)
     return ds.__iter__()
 
   # --- pieces of a step ----------------------------------------------------------------------------
   def _initial_params(self):
-    if self.cfg.init_checkpoint:
-      config, params = model_ckpt.load_model(self.cfg.init_checkpoint, self.sharding)
+    if self.config.init_checkpoint:
+      config, params = model_ckpt.load_model(self.config.init_checkpoint, self.sharding)
       # Remat and dtypes are how we run the architecture, not the architecture: a bf16 Qwen3-8B checkpoint
       # starts an f32-master-weights run (cast up here).
       mine = self.model_config
       diff = architecture_mismatch(config, mine)
       if diff:
         raise config_lib.ConfigFileError(
-            f"config key 'model' does not match the checkpoint {self.cfg.init_checkpoint} (differs in "
+            f"config key 'model' does not match the checkpoint {self.config.init_checkpoint} (differs in "
             f"{', '.join(diff)}); copy its model_config.json")
       dtype = mine.jnp_param_dtype
       return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
-    return qwen3.init_params(self.model_config, jax.random.key(self.cfg.seed), self.sharding)
+    return qwen3.init_params(self.model_config, jax.random.key(self.config.seed), self.sharding)
 
   def _warmup(self, state, setup: EnvSetup):
     """Supervised warm-up on random-tool trajectories (format only): cross-entropy on the assistant tokens."""
-    sft = self.cfg.sft
+    sft = self.config.sft
     if not sft.steps or setup.sft_examples is None:
       return state
     import optax
-    examples = setup.sft_examples(self.tokenizer, setup.train_tasks, self.cfg.seed)
+    examples = setup.sft_examples(self.tokenizer, setup.train_tasks, self.config.seed)
     rows = [(tokens, sum(mask), [0.0] * sum(mask), 1.0) for tokens, mask in examples]
     config = self.model_config
     window = self.train_config.logprob_window
@@ -345,12 +268,12 @@ class Trainer:
     if len(rows) < sft.batch_size:
       raise config_lib.ConfigFileError(f"config key 'sft.batch_size' ({sft.batch_size}) exceeds the {len(rows)} "
                                        "warm-up examples the training tasks give; lower it or add tasks")
-    rng = np.random.default_rng(self.cfg.seed)
+    rng = np.random.default_rng(self.config.seed)
     params = state.params
     bar = self._bar(range(sft.steps), "warm-up")
     for i in bar:
       pick = rng.choice(len(rows), size=sft.batch_size, replace=False)
-      batch = build_batch([rows[j] for j in pick], self.cfg.train.seq_bucket, sft.batch_size)
+      batch = build_batch([rows[j] for j in pick], self.config.train.seq_bucket, sft.batch_size)
       # Global arrays (the same host batch on every process) so a multi-process jit accepts them.
       params, opt_state, loss = step(params, opt_state, shard_batch(batch, self.sharding))
       if hasattr(bar, "set_postfix"):
@@ -371,7 +294,7 @@ class Trainer:
     With several processes only process 0 runs the agent loop (tools and grading happen once); the others replay
     its sampler calls (`lockstep`) so the SPMD decode steps line up, then everyone gets process 0's results."""
     def run(sampler_like):
-      loop = AgentLoop(sampler_like, self.tokenizer, setup.env, _rollout_config(self.cfg, temperature))
+      loop = AgentLoop(sampler_like, self.tokenizer, setup.env, self.config.rollout.rollout_config(temperature))
       with cf.ThreadPoolExecutor(max_workers=GRADE_WORKERS, thread_name_prefix="grade") as pool:
         graded: dict[int, cf.Future] = {}
         trajs = loop.run(tasks, seeds=seeds, on_done=lambda i, traj, episode, wall: graded.__setitem__(
@@ -414,7 +337,7 @@ class Trainer:
 
   def _update(self, state, ref_params, rows, step: int):
     """One PPO epoch over the turn samples in mini-batches; returns (state, mean metrics)."""
-    cfg = self.cfg
+    cfg = self.config
     if cfg.train.logprob_window and max(r[1] for r in rows) > cfg.train.logprob_window:
       raise UserError(f"a response of {max(r[1] for r in rows)} tokens exceeds train.logprob_window="
                       f"{cfg.train.logprob_window}; raise it to at least rollout.max_new_tokens")
@@ -459,7 +382,7 @@ class Trainer:
 
   # --- the loop ------------------------------------------------------------------------------------
   def run(self) -> dict[str, Any]:
-    cfg = self.cfg
+    cfg = self.config
     with ENVIRONMENTS[cfg.env.name](cfg) as setup:
       iterator = self._iterator(setup.train_tasks)
       manager = self._manager()
@@ -474,7 +397,7 @@ class Trainer:
         # With the tokenizer files, so an export of any step of this run (`convert jax-to-hf WORKDIR`) ships them.
         from orchestra_jax.tokenizer import qwen3_tokenizer_dir
         model_ckpt.save_model(ref_dir, self.model_config, state.params,
-                              tokenizer_dir=self.cfg.tokenizer_dir or str(qwen3_tokenizer_dir()))
+                              tokenizer_dir=self.config.tokenizer_dir or str(qwen3_tokenizer_dir()))
         self._save(manager, 0, state, iterator)
         start = 0
       else:
