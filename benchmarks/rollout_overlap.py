@@ -70,7 +70,8 @@ def _fill(batch: int, staggered: bool = False) -> list[dict]:
 
 
 def run_cell(policy, tok, sampler: Sampler, batch: int, sleep_s: float, staggered: bool = False) -> dict:
-  config = RolloutConfig(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS, tool_workers=max(16, batch))
+  config = RolloutConfig(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS, mode="extend",
+                         tool_workers=max(16, batch))
   loop = AgentLoop(sampler, tok, scripted_policy.make_env(sleep_s), config)
   tasks = _fill(batch, staggered)
   trajs = loop.run(tasks)

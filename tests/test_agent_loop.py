@@ -110,7 +110,8 @@ def test_tool_latency_overlaps_with_decoding(policy, tok):
 def test_untrained_model_ends_without_tool_call(tok):
   config = tiny(num_layers=1)
   sampler = Sampler(config, qwen3.init_params(config, jax.random.key(3)), max_len=512, batch_size=1)
-  loop = AgentLoop(sampler, tok, scripted_policy.make_env(), RolloutConfig(temperature=0.0, max_new_tokens=8))
+  loop = AgentLoop(sampler, tok, scripted_policy.make_env(), RolloutConfig(temperature=0.0, max_new_tokens=8, mode="extend",
+                                                                                  tool_workers=16))
   traj = loop.run(scripted_policy.tasks()[:1])[0]
   assert traj.finish_reason in ("no_tool_call", "length") and traj.final_answer is None
   assert sum(traj.generated_mask) == len(traj.turns[0].num_tokens * [1])

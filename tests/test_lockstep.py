@@ -67,7 +67,7 @@ def test_follower_replays_agent_loop(channel, tok, policy):
   thread = threading.Thread(target=run_follower)
   thread.start()
   leader = lockstep.Leader(lead)
-  config = RolloutConfig(temperature=0.0, max_new_tokens=48)
+  config = RolloutConfig(temperature=0.0, max_new_tokens=48, mode="extend", tool_workers=16)
   # tool calls sleep, so which row resumes when depends on timing: only the leader sees it
   trajs = AgentLoop(leader, tok, scripted_policy.make_env(0.05), config).run(scripted_policy.tasks())
   leader.end()

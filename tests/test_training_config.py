@@ -10,6 +10,7 @@ import pytest
 from orchestra_jax import trainer
 from orchestra_jax.configs import ConfigFileError, load_config
 from orchestra_jax.environments import DATA_ENV_DEFAULTS, DataEnvSection, DemoEnvSection
+from orchestra_jax.rollout.agent_loop import RolloutConfig
 from orchestra_jax.training_config import (DebugSection, MeshSection, RewardSection, RolloutSection, SftSection,
                                            TrainingConfig, TrainSection, build_section, section)
 
@@ -69,6 +70,7 @@ def test_library_configs_come_from_the_sections():
   r = typed.rollout.rollout_config()
   assert (r.max_turns, r.max_new_tokens, r.mode, r.tool_workers, r.temperature) == (30, 8768, "rebuild", 64, 1.0)
   assert typed.rollout.rollout_config(temperature=0.0).temperature == 0.0
+  assert RolloutConfig() == RolloutSection().rollout_config()  # one set of defaults
   t = typed.train.train_config()
   assert (t.optimizer.learning_rate, t.loss.clip_high, t.grad_accum_steps, t.logprob_window) == (1e-6, 0.28, 2, 8768)
   assert TrainSection(logprob_window=0).train_config().logprob_window is None

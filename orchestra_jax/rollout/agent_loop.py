@@ -33,14 +33,16 @@ from orchestra_jax.rollout.trajectory import ToolCallRecord, Trajectory
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
-  max_turns: int = 30  # docs/design.md section 6 (50 at evaluation)
-  max_new_tokens: int = 512  # per turn
+  # Defaults are the paper's (docs/design.md section 6), the same as training_config.RolloutSection's (a test
+  # keeps the two equal): one set of defaults whether a loop is built by hand or from a config.
+  max_turns: int = 30  # 50 at evaluation
+  max_new_tokens: int = 8768  # per turn
   max_total_tokens: int | None = None  # per row conversation; default: the sampler's max_len
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = 0
-  mode: str = "extend"  # "extend" (grow the chat in the cache) | "rebuild" (fresh prompt per turn)
-  tool_workers: int = 16
+  mode: str = "rebuild"  # "extend" (grow the chat in the cache) | "rebuild" (fresh prompt per turn)
+  tool_workers: int = 64
   enable_thinking: bool = True
 
   def __post_init__(self):
