@@ -27,6 +27,8 @@ from typing import Any
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from orchestra_jax.errors import UserError
 from orchestra_jax.model import hf_weights, qwen3
@@ -78,8 +80,6 @@ def train_checkpoint_steps(workdir: str | os.PathLike) -> dict[int, Path]:
   its finalization check), so in-progress `<step>.orbax-checkpoint-tmp-*` directories and stray folders are not
   steps.
   """
-  import orbax.checkpoint as ocp
-
   root = Path(workdir) / TRAIN_CHECKPOINTS_DIR
   if not root.is_dir():
     return {}
@@ -151,8 +151,6 @@ def copy_tokenizer_files(src: str | os.PathLike, dst: str | os.PathLike) -> list
 
 def save_model(path: str | os.PathLike, config: ModelConfig, params: Any, tokenizer_dir: str | None = None) -> Path:
   """Writes a model checkpoint. Params may be numpy or (sharded) jax arrays; each host writes its shards."""
-  import orbax.checkpoint as ocp
-
   path = Path(path).absolute()
   if (path / PARAMS_DIR).exists():
     raise CheckpointError(f"{path / PARAMS_DIR} already exists; refusing to overwrite a checkpoint")
@@ -169,7 +167,6 @@ def save_model(path: str | os.PathLike, config: ModelConfig, params: Any, tokeni
     copied = copy_tokenizer_files(tokenizer_dir, path) if tokenizer_dir else []
     make_world_readable([path, path / MODEL_CONFIG_FILE, *(path / name for name in copied)])
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(f"save_model {path}")
   return path
 
@@ -211,8 +208,6 @@ def _leaf_shapes(tree) -> dict[str, tuple[int, ...]]:
 
 def _restore_train_params(found: TrainCheckpoint, config: ModelConfig, sharding: ShardingConfig | None):
   """The params of a trainer step, read out of its TrainState without touching step or optimizer state."""
-  import orbax.checkpoint as ocp
-
   state_dir = found.path / TRAIN_STATE_ITEM
   if not state_dir.is_dir():
     raise CheckpointError(f"trainer checkpoint {found.path} has no {TRAIN_STATE_ITEM}/ item")
@@ -243,8 +238,6 @@ def _restore_train_params(found: TrainCheckpoint, config: ModelConfig, sharding:
 def restore_params(path: str | os.PathLike, config: ModelConfig, sharding: ShardingConfig | None = None):
   """Restores our orbax params (a model checkpoint, or a trainer workdir / step); with `sharding`, each array is
   placed on the mesh as it loads."""
-  import orbax.checkpoint as ocp
-
   found = find_train_checkpoint(path)
   if found:
     return _restore_train_params(found, config, sharding)

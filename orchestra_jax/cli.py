@@ -9,10 +9,17 @@ import argparse
 import sys
 import textwrap
 import time
+from pathlib import Path
 
+import jax
+
+from orchestra_jax import checkpoint, configs, convert, distributed, generate, preflight, tokenizer, trainer
+from orchestra_jax.data.cli import add_data_parser, run_data
 from orchestra_jax.errors import UserError
 from orchestra_jax.evaluate.cli import add_eval_parser, run_eval_command
+from orchestra_jax.model import qwen3
 from orchestra_jax.serve.cli import add_serve_parser, run_serve
+from orchestra_jax.synth.cli import add_synth_parser, run_synth
 
 _EPILOG = textwrap.dedent("""\
     examples:
@@ -93,11 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "user simulator, the judge); prints a table; exit 0 when all pass, 2 otherwise")
 
   add_serve_parser(sub)
-
-  from orchestra_jax.synth.cli import add_synth_parser
   add_synth_parser(sub)
-
-  from orchestra_jax.data.cli import add_data_parser
   add_data_parser(sub)
 
   add_eval_parser(sub)
@@ -105,7 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_convert(args) -> None:
-  from orchestra_jax import convert
   if args.direction == "hf-to-jax":
     out = convert.hf_to_jax(args.hf_dir, args.out_dir, param_dtype=args.param_dtype)
   else:
@@ -114,9 +116,6 @@ def _cmd_convert(args) -> None:
 
 
 def _cmd_generate(args) -> None:
-  from pathlib import Path
-
-  from orchestra_jax import checkpoint, generate, tokenizer
   checkpoint.find_train_checkpoint(args.model)  # a run's missing step: one line naming the finished ones
   if not Path(args.model).is_dir():
     raise checkpoint.CheckpointError(f"model directory {args.model} does not exist")
@@ -141,10 +140,6 @@ def _cmd_generate(args) -> None:
 
 
 def _cmd_init_random(args, overrides) -> None:
-  import jax
-
-  from orchestra_jax import checkpoint, configs, tokenizer
-  from orchestra_jax.model import qwen3
   cfg = configs.load_config(args.config, overrides)
   model_config = configs.model_config(cfg)
   seed = cfg.seed if args.seed is None else args.seed
@@ -155,22 +150,17 @@ def _cmd_init_random(args, overrides) -> None:
 
 
 def _cmd_train(args, overrides) -> None:
-  from orchestra_jax import configs, distributed
   cfg = configs.load_config(args.config, overrides)  # config errors before any JAX start-up
   if args.check:
-    from orchestra_jax import preflight
     print(preflight.check_or_raise(cfg))
     return
   distributed.maybe_initialize()
-  from orchestra_jax import trainer
   summary = trainer.Trainer(cfg, quiet=args.quiet).run()
-  import jax
   if jax.process_index() == 0:  # one summary per job, not per process
     print(trainer.format_summary(summary))
 
 
 def main(argv: list[str] | None = None) -> int:
-  from orchestra_jax import configs
   argv = list(sys.argv[1:] if argv is None else argv)
   parser = build_parser()
   try:
@@ -191,10 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "eval":
       run_eval_command(args, overrides)
     elif args.command == "synth":
-      from orchestra_jax.synth.cli import run_synth
       run_synth(args)
     elif args.command == "data":
-      from orchestra_jax.data.cli import run_data
       run_data(args)
   except UserError as e:
     print(f"orchestra: error: {e}", file=sys.stderr)

@@ -137,7 +137,7 @@ def parse_env(env: Mapping[str, str] | None = None) -> dict[str, Any] | None:
 
 
 def _describe(initialized: bool) -> dict[str, Any]:
-  import jax
+  import jax  # noqa: PLC0415  late: config errors are reported before JAX is imported (see maybe_initialize)
   return {
       "distributed": initialized,
       "process_index": jax.process_index(),
@@ -161,7 +161,7 @@ def maybe_initialize(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     if _info is not None:
       return dict(_info)
     kwargs = parse_env(env)  # validate everything before importing/touching jax
-    import jax
+    import jax  # noqa: PLC0415  late: after the validation, so a config error costs no JAX import
     initialized = False
     if kwargs is not None:
       if jax.distributed.is_initialized():  # someone (e.g. a notebook) already did it: accept

@@ -13,9 +13,10 @@ def _series(records, kind: str, key: str):
 
 def write_plots(records: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
   """reward.png, accuracy.png, cost.png, tool_mix.png; returns the files written."""
-  import matplotlib
+  # Late: the headless backend must be chosen before pyplot is first imported, and pyplot is slow to import.
+  import matplotlib  # noqa: PLC0415
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  import matplotlib.pyplot as plt  # noqa: PLC0415
 
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)

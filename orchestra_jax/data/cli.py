@@ -24,7 +24,12 @@ import textwrap
 from collections import Counter
 from pathlib import Path
 
+from orchestra_jax.data import converters
+from orchestra_jax.data.format import read_jsonl, write_jsonl
+from orchestra_jax.data.preferences import randomize_samples
+from orchestra_jax.envs.synth_domain import load_domain_dir
 from orchestra_jax.errors import UserError
+from orchestra_jax.tools.catalog import Catalog
 
 __all__ = ["SOURCES", "DataCliError", "add_data_parser", "run_data"]
 
@@ -249,7 +254,6 @@ def _check_convert_args(args) -> None:
 
 
 def _source_samples(args) -> list:
-  from orchestra_jax.data import converters
   if args.source == "frames":
     return converters.convert_frames()
   if args.source == "toolscale":
@@ -262,8 +266,6 @@ def _source_samples(args) -> list:
 
 
 def _toolscale_samples(args) -> list:
-  from orchestra_jax.data import converters
-  from orchestra_jax.envs.synth_domain import load_domain_dir
   domain = load_domain_dir(args.domain_dir)  # fails early, with the file and problem, on a bad directory
   samples = converters.convert_toolscale(args.toolscale_file, domain=args.domain, domain_dir=args.domain_dir)
   other = sorted({s.domain for s in samples} - {domain.name})
@@ -324,12 +326,10 @@ def _exclude(samples: list, ids: set[str], path: str) -> list:
 
 
 def _load_catalog(args):
-  from orchestra_jax.tools.catalog import Catalog
   return Catalog.load(args.catalog) if args.catalog else Catalog.default()
 
 
 def _randomize(samples: list, catalog, args) -> list:
-  from orchestra_jax.data.preferences import randomize_samples
   keep_prob = 0.75 if args.keep_prob is None else args.keep_prob
   out = randomize_samples(samples, args.seed, catalog, keep_prob=keep_prob)
   # The seed in each record makes a file's randomisation reproducible from the file alone.
@@ -337,7 +337,6 @@ def _randomize(samples: list, catalog, args) -> list:
 
 
 def _convert(args) -> None:
-  from orchestra_jax.data.format import write_jsonl
   _check_convert_args(args)
   out = _check_out(args.out, args.force)
   # Every input is read before the conversion, so a typo in one fails fast and alone.
@@ -407,7 +406,6 @@ def _eval_ids(samples: list, count: int, seed: int) -> set[str]:
 
 
 def _split(args) -> None:
-  from orchestra_jax.data.format import read_jsonl, write_jsonl
   train_out = _check_out(args.train, args.force, "--train")
   eval_out = _check_out(args.eval, args.force, "--eval")
   if train_out.resolve() == eval_out.resolve():
@@ -427,7 +425,6 @@ def _split(args) -> None:
 
 # --- merge --------------------------------------------------------------------------------------------------
 def _merge(args) -> None:
-  from orchestra_jax.data.format import read_jsonl, write_jsonl
   out = _check_out(args.out, args.force)
   merged, seen, counts = [], {}, []
   for path in args.inputs:
@@ -492,7 +489,6 @@ def _preference_table(samples: list) -> list[str]:
 
 
 def _stats(args) -> None:
-  from orchestra_jax.data.format import read_jsonl
   loaded = [(path, read_jsonl(path)) for path in args.files]  # every file validated before any output
   for i, (path, samples) in enumerate(loaded):
     if i:

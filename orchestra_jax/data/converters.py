@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestra_jax.data.format import DataFormatError, Sample, scenario_text
+from orchestra_jax.envs.domain import Domain
+from orchestra_jax.envs.synth_domain import load_domain_dir
 from orchestra_jax.errors import UserError
 from orchestra_jax.resources import DataNotFoundError, data_dir, find_data_file, open_text, read_text
 
@@ -70,7 +72,7 @@ def _located_rows(path: str | os.PathLike) -> list[tuple[str, Any]]:
   suffix = suffixes[-2] if suffixes[-1:] == [".gz"] and len(suffixes) == 2 else path.suffix.lower()
   if suffix == ".parquet":
     try:
-      import pyarrow.parquet as pq
+      import pyarrow.parquet as pq  # noqa: PLC0415  late: optional dependency (parquet only)
     except ImportError:
       raise MissingDependencyError(f"{path}: reading parquet needs pyarrow, which orchestra-jax does not install; "
                                    "run `pip install pyarrow` (or convert the file to JSONL first)") from None
@@ -205,7 +207,6 @@ def convert_tau2(domain: str, split: str | None = None, *, data_dir: str | os.Pa
                  id_prefix: str | None = None) -> list[Sample]:
   """The tasks of a built-in tau2 domain (all, or those of `split`) -> "tau2" samples. `tools` lists the
   domain's tool names (randomisation adds call_expert aliases)."""
-  from orchestra_jax.envs.domain import Domain
   dom = Domain.load(domain, data_dir)
   tasks = dom.split(split) if split is not None else dom.tasks
   prefix = f"tau2/{domain}/" if id_prefix is None else id_prefix
@@ -273,7 +274,6 @@ def convert_toolscale(path: str | os.PathLike, *, domain: str | None = None,
   path = Path(path)
   tool_names: list[str] = []
   if domain_dir is not None:
-    from orchestra_jax.envs.synth_domain import load_domain_dir
     tool_names = list(load_domain_dir(domain_dir).tool_names)
   samples = []
   for i, (where, row) in enumerate(_located_rows(path)):

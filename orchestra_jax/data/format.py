@@ -30,6 +30,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestra_jax.envs.domain import DOMAINS, Domain
+from orchestra_jax.envs.synth_domain import load_domain_dir
 from orchestra_jax.errors import UserError
 
 __all__ = ["KINDS", "ENV_KINDS", "ALIAS_FIELDS", "DataFormatError", "Sample", "read_jsonl", "read_samples",
@@ -299,12 +301,10 @@ def sample_domain(sample: Sample, base_dir: str | os.PathLike | None = None):
     raise DataFormatError(f"record {sample.id!r} is a '{sample.kind}' record; it has no environment domain")
   domain_dir = sample.metadata.get("domain_dir")
   if domain_dir:
-    from orchestra_jax.envs.synth_domain import load_domain_dir
     path = Path(domain_dir)
     if not path.is_absolute() and base_dir is not None:
       path = Path(base_dir) / path
     return load_domain_dir(path)
-  from orchestra_jax.envs.domain import DOMAINS, Domain
   if sample.domain not in DOMAINS:
     raise DataFormatError(f"record {sample.id!r}: domain {sample.domain!r} is not a built-in tau2 domain "
                           f"({', '.join(DOMAINS)}) and the record has no metadata.domain_dir")

@@ -18,7 +18,10 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from orchestra_jax.data.format import Sample
+from orchestra_jax.tools.catalog import Catalog
 
 __all__ = ["OUTCOME", "NEG_COST", "NEG_LATENCY", "QA_TOOL_GROUPS", "ENV_TOOL_GROUPS", "feature_names",
            "preference_array", "preference_text", "random_preference", "random_tool_subset", "random_alias_map",
@@ -43,7 +46,6 @@ def feature_names(tool_names: Sequence[str]) -> list[str]:
 def preference_array(preference: Mapping[str, float], tool_names: Sequence[str]):
   """The preference as a float32 vector in `feature_names(tool_names)` order (what the reward takes).
   Raises ValueError for a feature that is not in that order."""
-  import numpy as np
   names = feature_names(tool_names)
   unknown = sorted(set(preference) - set(names))
   if unknown:
@@ -147,7 +149,6 @@ def random_alias_map(rng: random.Random, aliases: Iterable[str], catalog=None, *
   log-uniform factors from `price_range` / `latency_range` and rounded to 3 significant digits.
   `catalog`: a `tools.catalog.Catalog` (default: the reference catalog)."""
   if catalog is None:
-    from orchestra_jax.tools.catalog import Catalog
     catalog = Catalog.default()
   tool_of = {a: t for t in catalog.tools.values() for a in t.aliases}
   out: dict[str, dict[str, Any]] = {}
@@ -195,7 +196,6 @@ def randomize_sample(sample: Sample, seed: int, catalog=None, *, subset: bool = 
   `preference_text`, seeded by (seed, sample.id). QA samples get the search / enhance_reasoning / answer
   aliases; environment samples keep their domain tools and get call_expert aliases."""
   if catalog is None:
-    from orchestra_jax.tools.catalog import Catalog
     catalog = Catalog.default()
   rng = sample_rng(seed, sample.id)
   group_names = ENV_TOOL_GROUPS if sample.is_env else QA_TOOL_GROUPS
@@ -216,6 +216,5 @@ def randomize_sample(sample: Sample, seed: int, catalog=None, *, subset: bool = 
 def randomize_samples(samples: Iterable[Sample], seed: int, catalog=None, **kwargs: Any) -> list[Sample]:
   """`randomize_sample` for each sample (the catalog is loaded once)."""
   if catalog is None:
-    from orchestra_jax.tools.catalog import Catalog
     catalog = Catalog.default()
   return [randomize_sample(s, seed, catalog, **kwargs) for s in samples]

@@ -59,6 +59,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from orchestra_jax.data.preferences import preference_text
+from orchestra_jax.grading import grade
+from orchestra_jax.reward.features import NEG_COST, NEG_LATENCY, OUTCOME
+from orchestra_jax.reward.features import preference_vector as _vector
 from orchestra_jax.rollout.chat_format import ToolCall, encode_prompt
 from orchestra_jax.rollout.environment import Episode, ToolEnvironment, ToolResult
 from orchestra_jax.rollout.trajectory import ToolCallRecord
@@ -197,7 +201,6 @@ def _resolve_preference(preference, rng: random.Random) -> tuple[str | None, dic
       raise ValueError(f"unknown preference preset {preference!r}; choose from {sorted(PRESETS)}")
     return preference, dict(PRESETS[preference]), PRESET_TEXT[preference]
   if isinstance(preference, Mapping):
-    from orchestra_jax.data.preferences import preference_text  # local: keeps this module light
     weights = {str(k): float(v) for k, v in preference.items()}
     return None, weights, preference_text(weights)
   names = list(preference)
@@ -235,8 +238,6 @@ def make_tasks(n: int, seed: int, kinds: Sequence[str] | None = None, preference
 def preference_vector(task: Mapping[str, Any], aliases: Sequence[str] = ALIASES):
   """P [len(aliases) + 3] float32 in the reward's order [tool counts..., outcome, -cost, -latency]
   (= orchestra_jax.reward.features.preference_vector). Raises ValueError for weights on unknown features."""
-  from orchestra_jax.reward.features import NEG_COST, NEG_LATENCY, OUTCOME
-  from orchestra_jax.reward.features import preference_vector as _vector
   weights = dict(task["preference"])
   tools = {k: v for k, v in weights.items() if k not in (OUTCOME, NEG_COST, NEG_LATENCY)}
   return _vector(list(aliases), outcome=weights.get(OUTCOME, 0.0), cost=weights.get(NEG_COST, 0.0),
@@ -474,7 +475,6 @@ class DemoWorld:
 
   def grade(self, task: Mapping[str, Any], final_answer: str | None) -> float:
     """1.0 on an exact (normalised) or numeric match with the task's answer, else 0.0 (None -> 0.0)."""
-    from orchestra_jax.reward.outcome import grade  # local: the reward package imports jax
     return grade(final_answer, task["answer"], question=task.get("question", ""))
 
   def make_tasks(self, n: int, seed: int | None = None, kinds=None, preference=None) -> list[dict[str, Any]]:

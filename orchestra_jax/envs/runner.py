@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from orchestra_jax.envs.domain import Environment, Task
+from orchestra_jax.envs.evaluation import evaluate
 from orchestra_jax.envs.user import UserSimulator, stop_token
 
 __all__ = ["ToolCallRequest", "AgentMessage", "EpisodeResult", "run_episode", "gold_agent", "evaluate_episode",
@@ -158,5 +159,4 @@ def gold_agent(task: Task, final_message: str | None = None) -> AgentStep:
 
 def evaluate_episode(env: Environment, result: EpisodeResult, **kwargs):
   """`evaluation.evaluate` on an episode's messages and termination reason."""
-  from orchestra_jax.envs.evaluation import evaluate
   return evaluate(env, result.messages, termination_reason=result.termination_reason, **kwargs)

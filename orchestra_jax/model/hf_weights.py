@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
+from safetensors import safe_open
 
 from orchestra_jax.errors import UserError
 from orchestra_jax.model import qwen3
@@ -93,8 +94,6 @@ class _SafetensorsReader:
   """Lazy, memory-mapped access to the tensors of an HF directory (single file or index + shards)."""
 
   def __init__(self, hf_dir: Path):
-    from safetensors import safe_open
-
     index = hf_dir / "model.safetensors.index.json"
     if index.is_file():
       weight_map = json.loads(index.read_text())["weight_map"]

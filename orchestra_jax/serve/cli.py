@@ -10,12 +10,9 @@ import argparse
 import signal
 import sys
 import threading
-from typing import TYPE_CHECKING
 
 from orchestra_jax.serve.engine import DEFAULT_MAX_BATCH, DEFAULT_MAX_LEN
-
-if TYPE_CHECKING:
-  from orchestra_jax.serve.http import ModelServer
+from orchestra_jax.serve.http import ModelServer, open_server
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
@@ -58,9 +55,6 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
 
 def build_server(args: argparse.Namespace, log_requests: bool | None = None) -> ModelServer:
   """The `ModelServer` that `orchestra serve` ARGS describes (model loaded, socket bound, nothing running yet)."""
-  # Late: http imports JAX (seconds), and `orchestra --help` builds this module's parser without serving.
-  from orchestra_jax.serve.http import open_server
-
   return open_server(args.model, port=args.port, host=args.host, max_batch=args.max_batch, max_len=args.max_len,
                      served_model_name=args.served_model_name, tokenizer_dir=args.tokenizer,
                      log_requests=not args.quiet if log_requests is None else log_requests)

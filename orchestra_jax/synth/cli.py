@@ -9,6 +9,10 @@ import argparse
 import sys
 import textwrap
 
+from orchestra_jax.errors import UserError
+from orchestra_jax.synth.pipeline import REPORT_FILE, TRAIN_FILE, SynthConfig, synthesize
+from orchestra_jax.tools.llm_client import ChatClient
+
 __all__ = ["add_synth_parser", "run_synth"]
 
 _EPILOG = textwrap.dedent("""\
@@ -66,8 +70,6 @@ def add_synth_parser(subparsers) -> argparse.ArgumentParser:
 def run_synth(args: argparse.Namespace) -> int:
   """Run `orchestra synth` for parsed arguments; prints a summary. Raises UserError subclasses on bad input or
   a failed stage (the main CLI prints them as one line)."""
-  from orchestra_jax.synth.pipeline import REPORT_FILE, TRAIN_FILE, SynthConfig, synthesize
-  from orchestra_jax.tools.llm_client import ChatClient
   config = SynthConfig(domain=args.domain, num_tasks=args.num_tasks, seed=args.seed,
                        rows_per_table=args.rows_per_table, evolve_rounds=args.evolve_rounds,
                        max_retries=args.max_retries, temperature=args.temperature, max_tokens=args.max_tokens,
@@ -86,7 +88,6 @@ def run_synth(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
   """`python -m orchestra_jax.synth.cli ...` (the same options as `orchestra synth`)."""
-  from orchestra_jax.errors import UserError
   parser = argparse.ArgumentParser(prog="python -m orchestra_jax.synth.cli")
   sub = parser.add_subparsers(dest="command", required=True)
   add_synth_parser(sub)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestra_jax.data.format import Sample, scenario_text, write_jsonl
+from orchestra_jax.data.preferences import randomize_samples
 from orchestra_jax.errors import UserError
 from orchestra_jax.synth import prompts
 from orchestra_jax.envs.datamodel import IDENT, Column, DataModel, InvalidSpec, Table
@@ -516,7 +517,6 @@ def _training_samples(domain: SynthDomain, tasks: Sequence[Mapping[str, Any]], c
         metadata={"source": "synth", "domain_dir": ".", "evolved": "_evolved" in t["id"],
                   "writes": any(a["name"] in write_tools for a in t["evaluation_criteria"]["actions"])}))
   if config.randomize and samples:
-    from orchestra_jax.data.preferences import randomize_samples
     samples = randomize_samples(samples, config.seed)
   return samples
 

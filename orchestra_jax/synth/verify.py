@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from orchestra_jax.envs.domain import Domain, Task
+from orchestra_jax.envs.records import canonical_json
 
 __all__ = ["Verdict", "verify_task", "action_signature"]
 
@@ -41,7 +42,6 @@ def _norm(text: str) -> str:
 
 def action_signature(task_json: Mapping[str, Any]) -> str:
   """A canonical string of a task's gold actions (for spotting duplicate tasks)."""
-  from orchestra_jax.envs.records import canonical_json
   actions = (task_json.get("evaluation_criteria") or {}).get("actions") or []
   return canonical_json([[a.get("name"), a.get("arguments") or {}] for a in actions if isinstance(a, Mapping)])
 
