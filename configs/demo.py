@@ -12,7 +12,7 @@ Sized to finish in well under 15 minutes on 2 CPU cores. Every field can be over
 
 import ml_collections
 
-from orchestra_jax.environments import DemoEnvSection
+from orchestra_jax.task_families import DemoEnvSection
 from orchestra_jax.model.config import tiny
 from orchestra_jax.training_config import (DebugSection, MeshSection, RewardSection, RolloutSection, SftSection,
                                            TrainSection, section)
@@ -32,7 +32,7 @@ def get_config() -> ml_collections.ConfigDict:
   cfg.init_checkpoint = ""  # '' = random init (then the warm-up); else an orchestra or HF checkpoint dir
   cfg.workdir = "runs/demo"
 
-  # The task family and tools (orchestra_jax/environments.py ENVIRONMENTS): 480 training tasks, 60 evaluation
+  # The task family and tools (orchestra_jax/task_families/demo.py): 480 training tasks, 60 evaluation
   # tasks per preference, one preference ("cheap").
   cfg.env = section(DemoEnvSection)
 

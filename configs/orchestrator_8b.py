@@ -14,7 +14,7 @@ and the paper's hyperparameters" maps each field to the paper.
 
 import ml_collections
 
-from orchestra_jax.environments import data_env_config
+from orchestra_jax.task_families import data_env_config
 from orchestra_jax.model.config import qwen3_8b
 from orchestra_jax.training_config import (DebugSection, MeshSection, RewardSection, RolloutSection, SftSection,
                                            TrainSection, section)

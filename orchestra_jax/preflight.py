@@ -26,7 +26,17 @@ from typing import Any, Callable
 
 import ml_collections
 
+from orchestra_jax import checkpoint, trainer
+from orchestra_jax import configs as config_lib
+from orchestra_jax.data.format import DataFormatError
+from orchestra_jax.envs.domain import Domain, Task
+from orchestra_jax.envs.synth_domain import SynthDomain, load_domain_dir
 from orchestra_jax.errors import UserError
+from orchestra_jax.task_families import ENVIRONMENTS, eval_group
+from orchestra_jax.tools.catalog import Catalog
+from orchestra_jax.tools.llm_client import ChatClient
+from orchestra_jax.tools.qa_env import offer_tools
+from orchestra_jax.tools.tau2_env import CALL_EXPERT_TOOL, SEND_MESSAGE_TOOL
 
 
 @dataclasses.dataclass
@@ -47,13 +57,10 @@ def _step(rows: list[Check], what: str, fn: Callable[[], str]) -> bool:
 
 
 def _checkpoint(cfg) -> str:
-  from orchestra_jax import checkpoint, configs as config_lib
-  from orchestra_jax.trainer import architecture_mismatch
-
   if not cfg.init_checkpoint:
     return "none: random initialisation"
   found = checkpoint.read_model_config(cfg.init_checkpoint)
-  diff = architecture_mismatch(found, config_lib.model_config(cfg))
+  diff = trainer.architecture_mismatch(found, config_lib.model_config(cfg))
   if diff:
     raise config_lib.ConfigFileError(f"{cfg.init_checkpoint} is a different model (differs in {', '.join(diff)})")
   return f"{cfg.init_checkpoint}: {found.num_params() / 1e9:.2f}B parameters, architecture matches"
@@ -63,8 +70,6 @@ def _workdir(cfg) -> str:
   """Whether the trainer can use (or create) the workdir, without creating or writing anything: a check that
   mkdirs leaves empty run folders behind (inside the repository, for a relative workdir) even when the run is
   never started."""
-  from orchestra_jax import configs as config_lib
-
   path = Path(cfg.workdir).absolute()  # as the trainer resolves it
   if path.exists():
     if not path.is_dir():
@@ -86,8 +91,6 @@ def _workdir(cfg) -> str:
 
 
 def _catalog(cfg):
-  from orchestra_jax.tools.catalog import Catalog
-
   return Catalog.load(cfg.env.catalog) if cfg.env.catalog else Catalog.default()
 
 
@@ -99,9 +102,6 @@ def _one_line(e: BaseException) -> str:
 def _resolve_task(domain, task: dict[str, Any]) -> None:
   """The record's task as `Tau2Environment.resolve_task` reads it: a full task JSON (with `user_scenario`) is
   parsed as it is; an id alone must name a task of the domain."""
-  from orchestra_jax.envs.domain import Task
-  from orchestra_jax.envs.synth_domain import SynthDomain
-
   if "user_scenario" in task:
     try:
       Task.from_json(task, domain.name)
@@ -120,13 +120,6 @@ def _domains(cfg, tasks: list[dict[str, Any]]) -> str:
   """Every tau2/toolscale record resolved as `RecordEnvironment.new_episode` will resolve it, minus the user
   simulator and the rollout: the data row's checks stop at the record format, so a missing domain directory or
   task id used to surface only at the first rollout of that domain, with the pod already training."""
-  from orchestra_jax.data.format import DataFormatError
-  from orchestra_jax.envs.domain import Domain
-  from orchestra_jax.environments import eval_group
-  from orchestra_jax.envs.synth_domain import load_domain_dir
-  from orchestra_jax.tools.qa_env import offer_tools
-  from orchestra_jax.tools.tau2_env import CALL_EXPERT_TOOL, SEND_MESSAGE_TOOL
-
   catalog = _catalog(cfg)
   loaded: dict[str, Any] = {}  # domain name, or toolscale domain directory -> its Domain, or why it did not load
   domain_failures: dict[str, list[str]] = {}  # why a domain did not load -> the ids of its records
@@ -188,8 +181,6 @@ def endpoints(cfg, tasks: list[dict[str, Any]]) -> list[tuple[str, str, str, str
 
 
 def _probe(url: str, model: str, key_env: str | None) -> tuple[bool, str]:
-  from orchestra_jax.tools.llm_client import ChatClient
-
   try:
     client = ChatClient(url, model, key_env, connect_timeout=5.0, max_retries=0)
   except ValueError as e:  # a malformed base_url
@@ -199,9 +190,6 @@ def _probe(url: str, model: str, key_env: str | None) -> tuple[bool, str]:
 
 
 def run_checks(cfg: ml_collections.ConfigDict) -> list[Check]:
-  from orchestra_jax import trainer
-  from orchestra_jax.environments import ENVIRONMENTS
-
   rows: list[Check] = []
   typed = []  # the TrainingConfig, for the task family, as the trainer hands it over
   if not _step(rows, "config", lambda: (typed.append(trainer.validate(cfg)), "valid")[1]):

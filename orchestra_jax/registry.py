@@ -6,7 +6,7 @@ Categories (and the config key that picks from each):
 - `advantage`: advantage estimators, `reward.estimator` (orchestra_jax/reward/advantages.py, `register_advantage`).
 - `aggregation`: loss aggregations, `train.aggregation` (orchestra_jax/rl/loss.py, `register_aggregation`).
 - `kl`: KL estimators, `train.kl_type` (orchestra_jax/rl/loss.py, `register_kl`).
-- `task_family`: task families, `env.name` (orchestra_jax/environments.py, `register_task_family`).
+- `task_family`: task families, `env.name` (orchestra_jax/task_families/, `register_task_family`).
 
     @register("reward", "mine")        # or @register_reward("mine")
     def mine(tool_counts, outcome, cost, latency, preference=None, mask=None): ...

@@ -3,7 +3,7 @@
 One RL step (docs/design.md sections 5-6):
   1. the grain iterator yields `prompts_per_step` tasks; each is repeated `group_size` times;
   2. the agent loop samples multi-turn trajectories with the current policy (sampler + the task family's tool
-     environment, `environments.ENVIRONMENTS[config.env.name]`), grading each one the moment it ends;
+     environment, `task_families.ENVIRONMENTS[config.env.name]`), grading each one the moment it ends;
   3. the reward registry turns [tool counts, outcome, -cost, -latency] into rewards, and
      group advantages with the configured filters (homogeneous groups, no final answer, unparseable turns);
   4. every kept turn becomes a training sample (prompt + that turn's response, the rollout's advantage);
@@ -35,25 +35,34 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+import grain
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
+from tqdm import tqdm
 
 from orchestra_jax import checkpoint as model_ckpt
 from orchestra_jax import configs as config_lib
+from orchestra_jax import plots
 from orchestra_jax import sharding as sharding_lib
-from orchestra_jax.environments import ENVIRONMENTS, EnvSetup
+from orchestra_jax import tokenizer as tokenizer_lib
 from orchestra_jax.errors import UserError
 from orchestra_jax.model import qwen3
 from orchestra_jax.model.config import ModelConfig
 from orchestra_jax.reward.features import group_arrays
 from orchestra_jax.reward.pipeline import RewardConfig, score_groups
-from orchestra_jax.rl.train import init_train_state, is_finite, make_compute_logprobs, make_train_step, shard_batch
+from orchestra_jax.rl.logprobs import token_logprobs
+from orchestra_jax.rl.train import (init_train_state, is_finite, make_compute_logprobs, make_train_step, shard_batch,
+                                   train_state_shardings)
 from orchestra_jax.rollout import lockstep
 from orchestra_jax.rollout.agent_loop import AgentLoop, RolloutStats
-from orchestra_jax.rollout.sampler import Sampler
+from orchestra_jax.rollout.sampler import Sampler, compute_params
 from orchestra_jax.rollout.trajectory import Trajectory
+from orchestra_jax.task_families import ENVIRONMENTS, EnvSetup
 from orchestra_jax.training_config import (RewardSection, TrainingConfig, build_section,  # noqa: F401 (re-exported)
                                            import_user_modules)
 
@@ -69,7 +78,6 @@ def _to_host(x) -> np.ndarray:
   """A (possibly multi-process, batch-sharded) array's global value as host numpy, on every process."""
   if getattr(x, "is_fully_addressable", True):
     return np.asarray(jax.device_get(x))
-  from jax.experimental import multihost_utils
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
@@ -141,7 +149,8 @@ class MetricsLog:
     self.enabled = enabled
     self._tb = None
     if enabled:
-      from tensorboardX import SummaryWriter
+      # Late: importing tensorboardX takes ~1 s, half of `orchestra train --check`, which never writes metrics.
+      from tensorboardX import SummaryWriter  # noqa: PLC0415  ~1 s import, not needed by --check
       self._tb = SummaryWriter(str(workdir / "tensorboard"))
 
   def rewind(self, step: int) -> None:
@@ -190,7 +199,6 @@ class Trainer:
       config_lib.save_config(cfg, self.workdir / "run_config.json")
     self.train_config = self.config.train.train_config()
     self.reward_config = self.config.reward.reward_config()
-    from orchestra_jax import tokenizer as tokenizer_lib
     self.tokenizer = tokenizer_lib.load_tokenizer(self.config.tokenizer_dir or None)
     self.train_step = make_train_step(self.model_config, self.train_config, self.sharding)
     window = self.train_config.logprob_window
@@ -200,18 +208,15 @@ class Trainer:
 
   # --- checkpoints ---------------------------------------------------------------------------------
   def _manager(self):
-    import orbax.checkpoint as ocp
     options = ocp.CheckpointManagerOptions(max_to_keep=self.config.keep_checkpoints, create=True,
                                            enable_async_checkpointing=True)
     return ocp.CheckpointManager(self.workdir / "checkpoints", options=options, item_names=("state", "data"))
 
   def _save(self, manager, step: int, state, iterator) -> None:
-    import orbax.checkpoint as ocp
     manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                data=ocp.args.JsonSave(iterator.get_state())), force=True)
 
   def _restore(self, manager, step: int, abstract_state, iterator):
-    import orbax.checkpoint as ocp
     restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
                                                              data=ocp.args.JsonRestore()))
     iterator.set_state(restored["data"])
@@ -219,8 +224,6 @@ class Trainer:
 
   # --- data ----------------------------------------------------------------------------------------
   def _iterator(self, tasks: list[dict]) -> Iterator[list[dict]]:
-    import grain
-
     ds = grain.MapDataset.source(tasks).shuffle(seed=self.config.seed).repeat(None)
     ds = ds.batch(self.config.prompts_per_step, drop_remainder=True, batch_fn=list)
     return ds.__iter__()
@@ -246,7 +249,6 @@ class Trainer:
     sft = self.config.sft
     if not sft.steps or setup.sft_examples is None:
       return state
-    import optax
     examples = setup.sft_examples(self.tokenizer, setup.train_tasks, self.config.seed)
     rows = [(tokens, sum(mask), [0.0] * sum(mask), 1.0) for tokens, mask in examples]
     config = self.model_config
@@ -257,7 +259,6 @@ class Trainer:
     @jax.jit
     def step(params, opt_state, batch):
       def loss_fn(p):
-        from orchestra_jax.rl.logprobs import token_logprobs
         logp, _ = token_logprobs(config, p, batch["tokens"], batch["positions"], batch["segment_ids"],
                                  sharding=self.sharding, window=window)
         return -(logp * batch["response_mask"]).sum() / batch["response_mask"].sum()
@@ -284,7 +285,6 @@ class Trainer:
   def _bar(self, iterable, desc: str, initial: int = 0, total: int | None = None):
     if self.quiet or not self.is_main:
       return iterable
-    from tqdm import tqdm
     return tqdm(iterable, desc=desc, initial=initial, total=total, dynamic_ncols=True, file=sys.stderr)
 
   def _rollouts(self, sampler, setup: EnvSetup, tasks: list[dict], seeds: list[int], temperature=None):
@@ -395,15 +395,13 @@ class Trainer:
         state = init_train_state(self.model_config, self._initial_params(), self.train_config, self.sharding)
         state = self._warmup(state, setup)
         # With the tokenizer files, so an export of any step of this run (`convert jax-to-hf WORKDIR`) ships them.
-        from orchestra_jax.tokenizer import qwen3_tokenizer_dir
         model_ckpt.save_model(ref_dir, self.model_config, state.params,
-                              tokenizer_dir=self.config.tokenizer_dir or str(qwen3_tokenizer_dir()))
+                              tokenizer_dir=self.config.tokenizer_dir or str(tokenizer_lib.qwen3_tokenizer_dir()))
         self._save(manager, 0, state, iterator)
         start = 0
       else:
         abstract = jax.eval_shape(lambda: init_train_state(self.model_config, qwen3.abstract_params(self.model_config),
                                                            self.train_config))
-        from orchestra_jax.rl.train import train_state_shardings
         shardings = train_state_shardings(self.model_config, self.train_config, self.sharding)
         abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
         state = self._restore(manager, latest, abstract, iterator)
@@ -413,7 +411,6 @@ class Trainer:
           print(f"resuming from checkpoint step {latest} in {self.workdir / 'checkpoints'}", file=sys.stderr)
       # The frozen reference only runs forward passes, which cast weights to model.dtype anyway: keep it in that
       # dtype (half the memory with f32 master weights; bit-identical log-probs).
-      from orchestra_jax.rollout.sampler import compute_params
       ref_params = jax.jit(functools.partial(compute_params, self.model_config))(
           model_ckpt.restore_params(ref_dir, self.model_config, self.sharding))
       sampler = Sampler(self.model_config, state.params, max_len=cfg.rollout.max_len,
@@ -469,7 +466,6 @@ class Trainer:
     self.metrics.close()
     records = self.metrics.read()
     if self.is_main:
-      from orchestra_jax import plots
       plots.write_plots(records, self.workdir / "plots")
     return summarize(records)
 

@@ -4,7 +4,7 @@
 config's `imports`, builds every section (an unknown or missing key is one line naming it), and each dataclass's
 `__post_init__` refuses a bad value in one `ConfigFileError` line naming `section.field` (in the manner of Tunix's
 `GRPOConfig.__post_init__`); `TrainingConfig.__post_init__` checks what spans sections. The trainer then reads
-typed fields only, and the task family gets its typed `env` section (`environments.ENV_SECTIONS`).
+typed fields only, and the task family gets its typed `env` section (`task_families.ENV_SECTIONS`).
 
 The dataclass defaults are THE defaults: the paper's values (configs/orchestrator_8b.py, docs/design.md). A config
 file states only what differs, through `section(RolloutSection, max_turns=2)`, which still writes every field into
@@ -22,7 +22,6 @@ import ml_collections
 from orchestra_jax import configs as config_lib
 from orchestra_jax import registry
 from orchestra_jax.configs import ConfigFileError
-from orchestra_jax.environments import ENV_SECTIONS, ENVIRONMENTS
 from orchestra_jax.model.config import ModelConfig
 from orchestra_jax.reward.advantages import AdvantageConfig
 from orchestra_jax.reward.pipeline import RewardConfig
@@ -30,6 +29,7 @@ from orchestra_jax.rl.loss import LossConfig
 from orchestra_jax.rl.optimizer import OptimizerConfig, precision_problem
 from orchestra_jax.rl.train import TrainConfig
 from orchestra_jax.rollout.agent_loop import RolloutConfig
+from orchestra_jax.task_families import ENV_SECTIONS, ENVIRONMENTS
 
 __all__ = ["RolloutSection", "RewardSection", "TrainSection", "SftSection", "MeshSection", "DebugSection",
            "TrainingConfig", "TRAINING_SECTIONS", "section", "build_section", "import_user_modules"]
@@ -257,7 +257,7 @@ class DebugSection:
   nan_at_step: int = -1  # poison the advantages of this RL step (the NaN guard's test); -1 = never
 
 
-# Top-level section key -> its dataclass; `env` depends on env.name (environments.ENV_SECTIONS).
+# Top-level section key -> its dataclass; `env` depends on env.name (task_families.ENV_SECTIONS).
 SECTIONS = {"mesh": MeshSection, "rollout": RolloutSection, "reward": RewardSection, "train": TrainSection,
             "sft": SftSection, "debug": DebugSection}
 
@@ -269,7 +269,7 @@ class TrainingConfig:
 
   model: ModelConfig
   mesh: MeshSection
-  env: Any  # the family's section (environments.ENV_SECTIONS), or the ConfigDict of a family without one
+  env: Any  # the family's section (task_families.ENV_SECTIONS), or the ConfigDict of a family without one
   rollout: RolloutSection
   reward: RewardSection
   train: TrainSection

@@ -127,7 +127,7 @@ def bank_dir(synth_bank_dir):
 
 
 def test_toolscale_records_find_their_domain_from_any_folder(tmp_path, bank_dir, capsys, monkeypatch):
-  from orchestra_jax.environments import load_task_records
+  from orchestra_jax.task_families import load_task_records
   monkeypatch.chdir(bank_dir.parent)  # --domain-dir relative to the working directory, as a user types it
   out = tmp_path / "data" / "bank.jsonl"
   rc, stdout, _ = data(capsys, "convert", "--source", "toolscale", "--toolscale-file",

@@ -1,4 +1,4 @@
-"""The `data` task family of `orchestra train`: record loading, checks, routing and grading (orchestra_jax/environments.py).
+"""The `data` task family of `orchestra train`: record loading, checks, routing and grading (orchestra_jax/task_families/data.py).
 
 Real parts throughout: records written with the data format's writer, the shipped tau2 mock domain, a domain written
 by `orchestra synth`, a scripted OpenAI-compatible server on 127.0.0.1 for the experts and the user simulator.
@@ -15,7 +15,7 @@ from orchestra_jax import trainer
 from orchestra_jax.configs import ConfigFileError, load_config
 from orchestra_jax.data import converters, format as data_format
 from orchestra_jax.data.format import DataFormatError
-from orchestra_jax.environments import (DATA_ENV_DEFAULTS, GradingUnavailable, data_env_config, data_environment, eval_group,
+from orchestra_jax.task_families import (DATA_ENV_DEFAULTS, GradingUnavailable, data_env_config, data_environment, eval_group,
                                         load_task_records, parse_preference)
 from orchestra_jax.rollout.chat_format import ToolCall
 from orchestra_jax.rollout.trajectory import Trajectory

@@ -10,7 +10,7 @@ import pytest
 from orchestra_jax import registry, trainer
 from orchestra_jax.configs import ConfigFileError, load_config
 from orchestra_jax.errors import UserError
-from orchestra_jax.environments import ENVIRONMENTS, demo_environment
+from orchestra_jax.task_families import ENVIRONMENTS, demo_environment
 from orchestra_jax.reward import (REWARDS, AdvantageConfig, compute_advantages, compute_rewards, register_reward,
                                   score_groups)
 from orchestra_jax.reward.advantages import ADVANTAGES, grpo_advantage

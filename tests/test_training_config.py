@@ -9,7 +9,7 @@ import pytest
 
 from orchestra_jax import trainer
 from orchestra_jax.configs import ConfigFileError, load_config
-from orchestra_jax.environments import DATA_ENV_DEFAULTS, DataEnvSection, DemoEnvSection
+from orchestra_jax.task_families import DATA_ENV_DEFAULTS, DataEnvSection, DemoEnvSection
 from orchestra_jax.rollout.agent_loop import RolloutConfig
 from orchestra_jax.training_config import (DebugSection, MeshSection, RewardSection, RolloutSection, SftSection,
                                            TrainingConfig, TrainSection, build_section, section)
@@ -157,7 +157,7 @@ def test_saved_configs_without_imports_still_validate():
 
 def test_a_user_family_without_a_section_gets_its_config_dict(monkeypatch):
   from orchestra_jax import registry
-  from orchestra_jax.environments import register_task_family
+  from orchestra_jax.task_families import register_task_family
   register_task_family("test_training_config_mine")(lambda cfg: None)
   try:
     cfg = load_config(DEMO)

@@ -202,7 +202,7 @@ def _describe(samples) -> str:
 
 def _rebase_domain_dirs(samples, src_dir: Path, dst_dir: Path) -> list:
   """Training resolves a relative `metadata.domain_dir` against the folder of the record's file
-  (environments.load_task_records), so a record moved to another folder must have it rewritten."""
+  (task_families.load_task_records), so a record moved to another folder must have it rewritten."""
   out = []
   for s in samples:
     domain_dir = s.metadata.get("domain_dir")

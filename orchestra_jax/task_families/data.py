@@ -1,25 +1,20 @@
-"""The task families `orchestra train` trains on (`config.env.name`), each as an `EnvSetup`.
+"""The `data` task family: the paper's setting.
 
-* `demo`: the CPU demo's arithmetic/capital/element questions and three scripted priced tools
-  (`orchestra_jax/demo/world.py`); served locally, no network, with a supervised warm-up.
-* `data`: the paper's setting. Records of the training-data format (`orchestra_jax/data/format.py`) from
-  `env.train_data`, of any mix of kinds, each routed to its environment by `RecordEnvironment`:
-    - "qa": `tools.qa_env.QAEnvironment` with the catalog's search / enhance_reasoning / answer tools (experts behind
-      the catalog's OpenAI-compatible endpoints, retrieval from `env.corpus` BM25 or `env.retriever_url`, code in
-      the sandbox). Outcome: exact match, else numeric match, else (with `env.judge_endpoint`) the LLM judge.
-    - "tau2": a built-in tau2 domain (`tools.tau2_env.Tau2Environment`; mock, airline, retail) with the customer
-      played by the LLM user simulator at `env.user_endpoint`. Outcome: tau2's grade (gold-action replay, DB
-      hash, communicated info) is 1.
-    - "toolscale": a synthesised domain (`metadata.domain_dir`, relative to its data file; see `orchestra synth`),
-      otherwise as "tau2".
-  Each record's `tools` restricts the aliases (and domain tools) its episodes offer, `alias_map` remaps the
-  catalog for them (models, prices), `preference_text` goes into the prompt and
-  `preference` (over `[aliases..., "outcome", "-cost", "-latency"]`) weights the reward; a record without one
-  gets `env.default_preference`. Evaluation uses `env.eval_data`, or holds out `env.num_eval_tasks` records of
-  the training data (seeded), reported per group: "qa", "tau2-airline", "toolscale-bank", ...
-
-An `EnvSetup.grade(task, trajectory, episode)` is called the moment a rollout ends (`AgentLoop.run(on_done=)`):
-tau2 grading needs the episode's database, which only lives until then.
+Records of the training-data format (`orchestra_jax/data/format.py`) from `env.train_data`, of any mix of kinds,
+each routed to its environment by `RecordEnvironment`:
+  - "qa": `tools.qa_env.QAEnvironment` with the catalog's search / enhance_reasoning / answer tools (experts behind
+    the catalog's OpenAI-compatible endpoints, retrieval from `env.corpus` BM25 or `env.retriever_url`, code in
+    the sandbox). Outcome: exact match, else numeric match, else (with `env.judge_endpoint`) the LLM judge.
+  - "tau2": a built-in tau2 domain (`tools.tau2_env.Tau2Environment`; mock, airline, retail) with the customer
+    played by the LLM user simulator at `env.user_endpoint`. Outcome: tau2's grade (gold-action replay, DB
+    hash, communicated info) is 1.
+  - "toolscale": a synthesised domain (`metadata.domain_dir`, relative to its data file; see `orchestra synth`),
+    otherwise as "tau2".
+Each record's `tools` restricts the aliases (and domain tools) its episodes offer, `alias_map` remaps the
+catalog for them (models, prices), `preference_text` goes into the prompt and
+`preference` (over `[aliases..., "outcome", "-cost", "-latency"]`) weights the reward; a record without one
+gets `env.default_preference`. Evaluation uses `env.eval_data`, or holds out `env.num_eval_tasks` records of
+the training data (seeded), reported per group: "qa", "tau2-airline", "toolscale-bank", ...
 """
 
 from __future__ import annotations
@@ -36,79 +31,23 @@ import ml_collections
 import numpy as np
 
 from orchestra_jax import configs as config_lib
+from orchestra_jax.data import format as data_format
+from orchestra_jax.data.preferences import alias_map_to_remap, preference_array
+from orchestra_jax.envs.synth_domain import load_domain_dir
+from orchestra_jax.envs.user import LLMUserSimulator
 from orchestra_jax.errors import UserError
 from orchestra_jax.grading import JUDGE_PROMPTS, JudgeUnavailable, LLMJudge, grade_answer
-from orchestra_jax.registry import Registry
 from orchestra_jax.rollout.environment import Episode, ToolEnvironment
+from orchestra_jax.task_families.base import (ENV_SECTIONS, EnvSetup, GradingUnavailable, bad_value,
+                                              register_task_family, typed_section)
+from orchestra_jax.tools.catalog import Catalog
+from orchestra_jax.tools.llm_client import ChatClient
+from orchestra_jax.tools.qa_env import QAEnvironment, offer_tools
+from orchestra_jax.tools.search import BM25Retriever, RemoteRetriever
+from orchestra_jax.tools.tau2_env import Tau2Environment
 
-__all__ = ["EnvSetup", "GradingUnavailable", "ENVIRONMENTS", "ENV_SECTIONS", "DATA_ENV_DEFAULTS", "DataEnvSection",
-           "DemoEnvSection", "RecordEnvironment", "demo_environment", "data_environment", "data_env_config",
-           "load_task_records", "eval_group", "parse_preference", "register_task_family"]
-
-
-class GradingUnavailable(UserError):
-  """A grader (the LLM judge) failed after its retries; the message names the endpoint and the record."""
-
-
-@dataclasses.dataclass
-class EnvSetup:
-  """Everything the loop needs from a task family: tools, tasks, grading, preferences, warm-up data."""
-
-  env: ToolEnvironment
-  aliases: list[str]  # tool features of the reward, counted by alias
-  train_tasks: list[dict[str, Any]]
-  eval_tasks: dict[str, list[dict[str, Any]]]  # group name (a preference, a benchmark) -> tasks
-  grade: Callable[[dict, Any, Episode], float]  # (task, Trajectory, its Episode) -> outcome in {0, 1}
-  preference_vector: Callable[[dict], np.ndarray]  # task -> [len(aliases) + 3] weights
-  sft_examples: Callable[[Any, list[dict], int], list[tuple[list[int], list[int]]]] | None = None
-
-
-def _bad(key: str, why: str) -> config_lib.ConfigFileError:
-  return config_lib.ConfigFileError(f"bad value for config key '{key}': {why}")
-
-
-def _typed(cls, env):
-  """The family's typed `env` section: a TrainingConfig carries it built and checked; a plain ConfigDict (tests,
-  notebooks) is built here, so every family body reads typed fields either way."""
-  return env if isinstance(env, cls) else cls(**env.to_dict())
-
-
-# --- demo ----------------------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class DemoEnvSection:
-  """The `env` section for `env.name="demo"` (configs/demo.py)."""
-
-  KEY: ClassVar[str] = "env"
-  name: str = "demo"
-  num_train_tasks: int = 480
-  num_eval_tasks: int = 60  # per preference
-  # Presets mixed in training, each evaluated separately. One preference per run: a 10M-parameter policy
-  # trained on a mix collapses onto the always-right expert before it learns to read the preference.
-  preferences: tuple[str, ...] = ("cheap",)
-
-  def __post_init__(self):
-    for key in ("num_train_tasks", "num_eval_tasks"):
-      if getattr(self, key) < 1:
-        raise _bad(f"env.{key}", f"must be >= 1, got {getattr(self, key)}")
-    if not self.preferences:
-      raise _bad("env.preferences", "name at least one preference preset")
-
-
-@contextlib.contextmanager
-def demo_environment(cfg):
-  """`cfg`: a TrainingConfig, or a training ConfigDict."""
-  from orchestra_jax.demo import world as demo
-
-  e = _typed(DemoEnvSection, cfg.env)
-  prefs = list(e.preferences)
-  with demo.DemoWorld(seed=cfg.seed) as w:
-    yield EnvSetup(
-        env=w.env(), aliases=list(w.aliases),
-        train_tasks=demo.make_tasks(e.num_train_tasks, seed=cfg.seed, preference=prefs),
-        eval_tasks={p: demo.make_tasks(e.num_eval_tasks, seed=cfg.seed + 10_000, preference=p) for p in prefs},
-        grade=lambda task, traj, episode: w.grade(task, traj.final_answer),
-        preference_vector=w.preference_vector, sft_examples=demo.sft_examples)
+__all__ = ["DATA_ENV_DEFAULTS", "DataEnvSection", "RecordEnvironment", "data_environment", "data_env_config",
+           "load_task_records", "eval_group", "parse_preference"]
 
 
 # --- records of the data format --------------------------------------------------------------------------
@@ -124,8 +63,6 @@ def load_task_records(paths: Sequence[str]) -> list[dict[str, Any]]:
 
   Environment records keep their task JSON under "tau2_task"; a toolscale record's `metadata.domain_dir` is made
   absolute against its file's directory."""
-  from orchestra_jax.data import format as data_format
-
   tasks, seen = [], set()
   for path in paths:
     for s in data_format.read_jsonl(path):
@@ -175,7 +112,6 @@ class RecordEnvironment(ToolEnvironment):
     with self._lock:
       if key not in self._domains:
         if task.get("domain_dir"):
-          from orchestra_jax.envs.synth_domain import load_domain_dir
           self._domains[key] = self._make_domain(load_domain_dir(task["domain_dir"]))
         else:
           self._domains[key] = self._make_domain(task["domain"])
@@ -201,11 +137,6 @@ class RecordEnvironment(ToolEnvironment):
 def _check_records(tasks: list[dict[str, Any]], catalog, aliases: list[str], default_preference: Mapping[str, float],
                    source: str) -> None:
   """Data errors (an alias map the catalog refuses, a preference over unknown features) before any rollout."""
-  from orchestra_jax.data.format import DataFormatError
-  from orchestra_jax.data.preferences import preference_array
-
-  from orchestra_jax.tools.qa_env import offer_tools
-
   for task in tasks:
     try:
       remapped = catalog.remap(task["alias_map"]) if task.get("alias_map") else catalog
@@ -215,7 +146,7 @@ def _check_records(tasks: list[dict[str, Any]], catalog, aliases: list[str], def
           raise ValueError("'tools' offers no `answer` alias, so no episode of it could ever end")
       preference_array(task.get("preference") or default_preference, aliases)
     except (ValueError, UserError) as e:
-      raise DataFormatError(f"{source}: record {task['id']!r}: {e}") from None
+      raise data_format.DataFormatError(f"{source}: record {task['id']!r}: {e}") from None
 
 
 def parse_preference(text: str, key: str = "env.default_preference") -> dict[str, float]:
@@ -240,7 +171,7 @@ class DataEnvSection:
   """The `env` section for `env.name="data"`; `data_env_config(...)` writes one into a config file."""
 
   KEY: ClassVar[str] = "env"
-  BUILT_WITH: ClassVar[str] = " for env.name='data'; build it with orchestra_jax.environments.data_env_config(...)"
+  BUILT_WITH: ClassVar[str] = " for env.name='data'; build it with orchestra_jax.task_families.data_env_config(...)"
   name: str = "data"
   train_data: tuple[str, ...] | str = ()  # JSONL files of the training-data format (orchestra_jax/data/format.py)
   eval_data: tuple[str, ...] | str = ()  # () = hold out num_eval_tasks training records
@@ -265,9 +196,9 @@ class DataEnvSection:
   def __post_init__(self):
     parse_preference(self.default_preference)
     if self.expert_mode not in ("delegate", "advice"):
-      raise _bad("env.expert_mode", f"{self.expert_mode!r} (delegate | advice)")
+      raise bad_value("env.expert_mode", f"{self.expert_mode!r} (delegate | advice)")
     if self.judge_prompt not in JUDGE_PROMPTS:
-      raise _bad("env.judge_prompt", f"{self.judge_prompt!r} (known: {', '.join(JUDGE_PROMPTS)})")
+      raise bad_value("env.judge_prompt", f"{self.judge_prompt!r} (known: {', '.join(JUDGE_PROMPTS)})")
     if bool(self.judge_endpoint) != bool(self.judge_model):
       raise config_lib.ConfigFileError("config keys 'env.judge_endpoint' and 'env.judge_model' go together: set "
                                        "both or neither")
@@ -281,10 +212,7 @@ class DataEnvSection:
 @contextlib.contextmanager
 def data_environment(cfg):
   """`cfg`: a TrainingConfig, or a training ConfigDict."""
-  from orchestra_jax.data.preferences import alias_map_to_remap, preference_array
-  from orchestra_jax.tools.catalog import Catalog
-
-  e = _typed(DataEnvSection, cfg.env)
+  e = typed_section(DataEnvSection, cfg.env)
   train_paths = _paths(e.train_data)
   if not train_paths:
     raise config_lib.ConfigFileError("config key 'env.train_data' is empty: give one or more JSONL files of the "
@@ -321,27 +249,21 @@ def data_environment(cfg):
 
   with contextlib.ExitStack() as stack:
     def make_qa():
-      from orchestra_jax.tools.qa_env import QAEnvironment
       retriever = None
       if e.corpus:
-        from orchestra_jax.tools.search import BM25Retriever
         retriever = BM25Retriever.from_jsonl(e.corpus)
       elif e.retriever_url:
-        from orchestra_jax.tools.search import RemoteRetriever
         retriever = RemoteRetriever(e.retriever_url)
       return QAEnvironment(catalog, retriever, topk=e.topk, client_options=client_options)
 
     user_chat = None
     if needs_user:
-      from orchestra_jax.tools.llm_client import ChatClient
       user_client = ChatClient(e.user_endpoint, e.user_model, e.user_api_key_env or None,
                                read_timeout=e.read_timeout, max_retries=e.max_retries)
       stack.callback(user_client.close)
       user_chat = functools.partial(user_client.chat, temperature=e.user_temperature)
 
     def make_domain(domain):
-      from orchestra_jax.envs.user import LLMUserSimulator
-      from orchestra_jax.tools.tau2_env import Tau2Environment
       return Tau2Environment(domain, catalog, lambda task: LLMUserSimulator(user_chat, task),
                              client_options=client_options, expert_mode=e.expert_mode, on_missing_judge="skip")
 
@@ -373,17 +295,8 @@ def data_environment(cfg):
                    preference_vector=preference_vector)
 
 
-# The "task_family" category of orchestra_jax/registry.py: `env.name` -> a context manager `fn(config)` that yields
-# an EnvSetup; `config` is the run's `training_config.TrainingConfig`, whose `env` is the family's section of
-# ENV_SECTIONS, or the plain ConfigDict for a family without one. A user's module (config key `imports`) adds a
-# family with `@register_task_family("mine")` (and, for a typed `env`, its dataclass in ENV_SECTIONS).
-ENVIRONMENTS: Registry[Callable[[Any], Any]] = Registry("task_family")
-register_task_family = ENVIRONMENTS.register
-register_task_family("demo")(demo_environment)
 register_task_family("data")(data_environment)
-
-# env.name -> the dataclass its `env` section is built into (`training_config.TrainingConfig.from_config`).
-ENV_SECTIONS: dict[str, type] = {"demo": DemoEnvSection, "data": DataEnvSection}
+ENV_SECTIONS["data"] = DataEnvSection
 
 # The `env` section of a `data` config, every key with its default (DataEnvSection's).
 DATA_ENV_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DataEnvSection)}
