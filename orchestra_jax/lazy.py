@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 
 def lazy_exports(package: str, exports: Mapping[str, str]) -> tuple[Callable[[str], object], Callable[[], list]]:
   """`(__getattr__, __dir__)` for `package`: `exports` maps each public name to the module that defines it,
-  relative to the package (`"format"`) or absolute (`"orchestra_jax.envs.datamodel"`)."""
+  relative to the package (`"format"`) or absolute (`"orchestra_jax.tau2.datamodel"`)."""
   def __getattr__(name: str):
     module = exports.get(name)
     if module is None:

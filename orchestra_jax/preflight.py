@@ -29,8 +29,8 @@ import ml_collections
 from orchestra_jax import checkpoint, trainer
 from orchestra_jax import configs as config_lib
 from orchestra_jax.data.format import DataFormatError
-from orchestra_jax.envs.domain import Domain, Task
-from orchestra_jax.envs.synth_domain import SynthDomain, load_domain_dir
+from orchestra_jax.tau2.domain import Domain, Task
+from orchestra_jax.tau2.synth_domain import SynthDomain, load_domain_dir
 from orchestra_jax.errors import UserError
 from orchestra_jax.task_families import ENVIRONMENTS, eval_group
 from orchestra_jax.tools.catalog import Catalog

@@ -85,7 +85,7 @@ def test_tau2_conversion():
   assert "EHGLP3" in s.question and "get_user_details" in s.tools
   domain = sample_domain(s)
   assert domain.name == "airline" and domain.task("0") is not None
-  from orchestra_jax.envs.domain import Domain
+  from orchestra_jax.tau2.domain import Domain
   retail = convert_tau2("retail", "test")
   assert len(retail) == len(Domain.load("retail").split("test")) > 0
   assert all(s.metadata["split"] == "test" for s in retail)

@@ -199,7 +199,7 @@ def test_toolscale_records_run_in_their_synthesised_domain(files, server, synth_
   with data_environment(cfg) as setup:
     task = next(t for t in setup.train_tasks if t["kind"] == "toolscale")
     ep = setup.env.new_episode(task, "b0")
-    from orchestra_jax.envs.synth_domain import load_domain_dir
+    from orchestra_jax.tau2.synth_domain import load_domain_dir
     domain_tools = set(load_domain_dir(synth_bank_dir).tool_names)
     assert domain_tools and domain_tools <= {s["function"]["name"] for s in ep.tools()}
     assert setup.grade(task, Trajectory(), ep) in (0.0, 1.0)

@@ -1,4 +1,4 @@
-"""tau2-style environments: databases, tools, grading, user simulators (orchestra_jax.envs).
+"""tau2-style environments: databases, tools, grading, user simulators (orchestra_jax.tau2).
 
 Most tests run over the tau2 data shipped in the package (or $ORCHESTRA_DATA_DIR's copy); the data always ships,
 so none of them skips.
@@ -13,13 +13,13 @@ from typing import Literal, Union
 
 import pytest
 
-from orchestra_jax.envs import (AgentMessage, Database, Domain, LLMUserSimulator, MissingJudgeError, ScriptedUser,
+from orchestra_jax.tau2 import (AgentMessage, Database, Domain, LLMUserSimulator, MissingJudgeError, ScriptedUser,
                                 ToolCallRequest, UserSimulatorError, ValidationError, evaluate, evaluate_episode,
                                 gold_agent, pass_hat_k, pass_hat_k_tasks, run_episode, stop_token, tau2_dir)
-from orchestra_jax.envs import domain as domain_module
-from orchestra_jax.envs.domain import EvaluationCriteria, Task
-from orchestra_jax.envs.records import canonical_json, from_json, json_schema, to_json
-from orchestra_jax.envs.tools import safe_calculate, ToolError
+from orchestra_jax.tau2 import domain as domain_module
+from orchestra_jax.tau2.domain import EvaluationCriteria, Task
+from orchestra_jax.tau2.records import canonical_json, from_json, json_schema, to_json
+from orchestra_jax.tau2.tools import safe_calculate, ToolError
 from orchestra_jax.resources import read_json
 
 TAU2 = tau2_dir()

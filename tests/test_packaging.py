@@ -13,7 +13,7 @@ import pytest
 
 from orchestra_jax import resources
 from orchestra_jax.configs import ConfigFileError, load_config, save_config
-from orchestra_jax.envs.domain import DOMAINS, Domain
+from orchestra_jax.tau2.domain import DOMAINS, Domain
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -132,9 +132,9 @@ MOCK_TASK = {"id": "t1", "user_scenario": {"instructions": "Create a task called
 def _env_data(tmp: Path) -> Path:
   """A data directory with a small tau2 `mock` domain (tasks t1, t2) and a synthesised `pets` domain in
   tmp/pets: what the environment records below name."""
-  from orchestra_jax.envs.datamodel import DataModel
-  from orchestra_jax.envs.synth_domain import build_domain, write_domain_dir
-  from orchestra_jax.envs.declarative_tools import compile_tools
+  from orchestra_jax.tau2.datamodel import DataModel
+  from orchestra_jax.tau2.synth_domain import build_domain, write_domain_dir
+  from orchestra_jax.tau2.declarative_tools import compile_tools
 
   mock = tmp / "data" / "tau2" / "mock"
   mock.mkdir(parents=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from orchestra_jax.data import convert_toolscale, read_jsonl, sample_domain
-from orchestra_jax.envs.evaluation import evaluate
+from orchestra_jax.tau2.evaluation import evaluate
 from orchestra_jax.errors import UserError
 from orchestra_jax.synth import (DataModel, InvalidSpec, StageFailed, StageRunner, SynthConfig, SynthError,
                                  add_synth_parser, build_domain, compile_tools, load_domain_dir, parse_json_reply,

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from orchestra_jax.envs import ScriptedUser
-from orchestra_jax.envs.user import UserSimulator
+from orchestra_jax.tau2 import ScriptedUser
+from orchestra_jax.tau2.user import UserSimulator
 from orchestra_jax.rollout.tool_calls import ToolCall
 from orchestra_jax.tools.catalog import Catalog, UnknownAliasError, llm_cost
 from orchestra_jax.tools.experts import QAEnvError

@@ -27,7 +27,7 @@ from pathlib import Path
 from orchestra_jax.data import converters
 from orchestra_jax.data.format import read_jsonl, write_jsonl
 from orchestra_jax.data.preferences import randomize_samples
-from orchestra_jax.envs.synth_domain import load_domain_dir
+from orchestra_jax.tau2.synth_domain import load_domain_dir
 from orchestra_jax.errors import UserError
 from orchestra_jax.tools.catalog import Catalog
 

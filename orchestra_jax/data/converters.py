@@ -4,7 +4,7 @@
 * `convert_hle`: Humanity's Last Exam from the user's own copy (JSONL, JSON or parquet with `question` and
   `answer`; rows with an image are skipped unless asked). HLE is gated and carries a canary string: it is never
   shipped with this project and must not be trained on, so its records are marked `metadata.eval_only`.
-* `convert_tau2`: the tasks of a built-in tau2 domain (`envs.Domain.load(name)`).
+* `convert_tau2`: the tasks of a built-in tau2 domain (`tau2.Domain.load(name)`).
 * `convert_toolscale`: rows in the ToolScale layout (docs/design.md section 7): `id`, `description`,
   `user_scenario{persona, instructions{task_instructions, reason_for_call, known_info, unknown_info, domain}}`,
   `initial_state`, `evaluation_criteria{actions[{action_id, name, arguments}], communicate_info, ...}`. The
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestra_jax.data.format import DataFormatError, Sample, scenario_text
-from orchestra_jax.envs.domain import Domain
-from orchestra_jax.envs.synth_domain import load_domain_dir
+from orchestra_jax.tau2.domain import Domain
+from orchestra_jax.tau2.synth_domain import load_domain_dir
 from orchestra_jax.errors import UserError
 from orchestra_jax.resources import DataNotFoundError, data_dir, find_data_file, open_text, read_text
 

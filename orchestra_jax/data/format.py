@@ -30,8 +30,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestra_jax.envs.domain import DOMAINS, Domain
-from orchestra_jax.envs.synth_domain import load_domain_dir
+from orchestra_jax.tau2.domain import DOMAINS, Domain
+from orchestra_jax.tau2.synth_domain import load_domain_dir
 from orchestra_jax.errors import UserError
 
 __all__ = ["KINDS", "ENV_KINDS", "ALIAS_FIELDS", "DataFormatError", "Sample", "read_jsonl", "read_samples",
@@ -294,7 +294,7 @@ def scenario_text(user_scenario: Any) -> str:
 
 
 def sample_domain(sample: Sample, base_dir: str | os.PathLike | None = None):
-  """The environment domain of an environment record: `envs.Domain.load(domain)` for tau2 records, or the
+  """The environment domain of an environment record: `tau2.Domain.load(domain)` for tau2 records, or the
   synthesised domain at `metadata.domain_dir` (relative to `base_dir`, e.g. the JSONL's folder) for toolscale
   records that carry one."""
   if not sample.is_env:

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from orchestra_jax.data import converters, format as data_format
-from orchestra_jax.envs.user import LLMUserSimulator
+from orchestra_jax.tau2.user import LLMUserSimulator
 from orchestra_jax.grading import EvalError
 from orchestra_jax.tools.llm_client import ChatClient
 from orchestra_jax.tools.qa_env import QAEnvironment
@@ -151,7 +151,7 @@ def load_tasks(benchmark: str, *, hle_path: str | None = None, tasks_path: str |
 # --- environments ---------------------------------------------------------------------------------------------
 
 def env_task(task: Mapping[str, Any], env) -> dict[str, Any]:
-  """What `new_episode` gets: QA tasks as they are; tau2 tasks with the parsed `envs.Task` under "task"."""
+  """What `new_episode` gets: QA tasks as they are; tau2 tasks with the parsed `tau2.Task` under "task"."""
   if "tau2_task" not in task:
     return dict(task)
   out = {k: v for k, v in task.items() if k != "tau2_task"}

@@ -8,7 +8,7 @@ token limits.
 
 `FunctionEnvironment` is the smallest implementation: plain Python functions as tools, for tests and demos.
 Real environments (priced LLM tools, the sandbox, tau2 domains) live in `orchestra_jax.tools` and
-`orchestra_jax.envs`.
+`orchestra_jax.tau2`.
 """
 
 from __future__ import annotations

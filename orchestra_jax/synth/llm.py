@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from orchestra_jax.errors import UserError
-from orchestra_jax.envs.datamodel import InvalidSpec
+from orchestra_jax.tau2.datamodel import InvalidSpec
 
 __all__ = ["SynthError", "StageFailed", "parse_json_reply", "StageStats", "StageRunner", "SYSTEM_PROMPT"]
 

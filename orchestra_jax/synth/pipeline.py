@@ -4,7 +4,7 @@ Stages, each one prompt (`synth.prompts`), a JSON parse tolerant of code fences,
 retries (`synth.llm.StageRunner`):
 
   tables -> schema (JSON schema per table) -> data_model (primary / foreign keys; compiled into a typed
-  `DataModel`) -> rows (per table, in foreign-key order, in batches) -> tools (declarative, see `envs.declarative_tools`,
+  `DataModel`) -> rows (per table, in foreign-key order, in batches) -> tools (declarative, see `tau2.declarative_tools`,
   plus the policy) -> intents -> task (one per intent, tau2 format with gold actions) -> evolve (a harder
   version of each kept task, `evolve_rounds` times).
 
@@ -15,7 +15,7 @@ communicate_info occurs in the tool results) and it is not a duplicate of a kept
 listed with its reason in the report.
 
 `synthesize(client, config, out_dir)` returns a `SynthResult` and, with `out_dir`, writes the domain directory
-(db.json, tools.json, policy.md, tasks.json; loadable with `envs.synth_domain.load_domain_dir`), `train.jsonl`
+(db.json, tools.json, policy.md, tasks.json; loadable with `tau2.synth_domain.load_domain_dir`), `train.jsonl`
 (training records of `orchestra_jax.data`, kind "toolscale", `metadata.domain_dir` = ".") and
 `synth_report.json` (stage counts, usage, dropped rows and tasks with reasons, rejected replies).
 """
@@ -36,10 +36,10 @@ from orchestra_jax.data.format import Sample, scenario_text, write_jsonl
 from orchestra_jax.data.preferences import randomize_samples
 from orchestra_jax.errors import UserError
 from orchestra_jax.synth import prompts
-from orchestra_jax.envs.datamodel import IDENT, Column, DataModel, InvalidSpec, Table
-from orchestra_jax.envs.synth_domain import DOMAIN_FILES, SynthDomain, build_domain, write_domain_dir
+from orchestra_jax.tau2.datamodel import IDENT, Column, DataModel, InvalidSpec, Table
+from orchestra_jax.tau2.synth_domain import DOMAIN_FILES, SynthDomain, build_domain, write_domain_dir
 from orchestra_jax.synth.llm import StageFailed, StageRunner, SynthError
-from orchestra_jax.envs.declarative_tools import ToolDef, compile_tools
+from orchestra_jax.tau2.declarative_tools import ToolDef, compile_tools
 from orchestra_jax.synth.verify import action_signature, verify_task
 
 __all__ = ["SynthConfig", "SynthResult", "synthesize", "validate_task_json", "REPORT_FILE", "TRAIN_FILE"]

@@ -19,8 +19,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from orchestra_jax.envs.domain import Domain, Task
-from orchestra_jax.envs.records import canonical_json
+from orchestra_jax.tau2.domain import Domain, Task
+from orchestra_jax.tau2.records import canonical_json
 
 __all__ = ["Verdict", "verify_task", "action_signature"]
 

@@ -33,8 +33,8 @@ import numpy as np
 from orchestra_jax import configs as config_lib
 from orchestra_jax.data import format as data_format
 from orchestra_jax.data.preferences import alias_map_to_remap, preference_array
-from orchestra_jax.envs.synth_domain import load_domain_dir
-from orchestra_jax.envs.user import LLMUserSimulator
+from orchestra_jax.tau2.synth_domain import load_domain_dir
+from orchestra_jax.tau2.user import LLMUserSimulator
 from orchestra_jax.errors import UserError
 from orchestra_jax.grading import JUDGE_PROMPTS, JudgeUnavailable, LLMJudge, grade_answer
 from orchestra_jax.rollout.environment import Episode, ToolEnvironment

@@ -1,6 +1,6 @@
 """`Tau2Environment`: tau2-bench-style customer-service tasks behind the `ToolEnvironment` API.
 
-The orchestrator sees the domain's own tools (`orchestra_jax.envs`), `call_expert(expert)` from the catalog
+The orchestrator sees the domain's own tools (`orchestra_jax.tau2`), `call_expert(expert)` from the catalog
 (aliases with prices; omitted when the catalog has no `call_expert` tool) and `send_message_to_user(content)`.
 
 Talking to the user. The agent loop only knows tool calls (a turn without one ends the row), so the user is a
@@ -11,10 +11,10 @@ the user's reply carries a stop token (`###STOP###`, `###TRANSFER###`, `###OUT-O
 the last message the agent sent to the user ("" when none), so that reward filters keep the rollout.
 
 The conversation. Each episode keeps the tau2-side conversation (`Tau2Episode.conversation`, the format of
-`envs.runner`): the opening (the task's `message_history`, else the greeting "Hi! How can I help you today?"
+`tau2.runner`): the opening (the task's `message_history`, else the greeting "Hi! How can I help you today?"
 and the user's first message), each domain tool call as an assistant tool-call message plus its tool result,
 and each message to or from the user. The user simulator reads it, `call_expert` sends it to the expert, and
-`grade()` scores it with `envs.evaluate` (DB hash vs. the gold replay, COMMUNICATE on the agent's messages,
+`grade()` scores it with `tau2.evaluate` (DB hash vs. the gold replay, COMMUNICATE on the agent's messages,
 ...). A conversation that did not end cleanly (still open when graded: the loop hit max turns or a turn had
 no tool call; or the user simulator failed) scores 0, as in tau2.
 
@@ -32,7 +32,7 @@ Ledger and records. Every call, including domain tools and messages to the user,
 thinking time is not a tool's latency: `send_message_to_user` records 0 s unless `count_user_latency=True`.
 
 Task argument of `new_episode`: a `{"id": <tau2 task id>, "alias_map"?, "tools"?, "preference_text"?}` dict (the
-id may also be given as "task_id"), a full tau2 task JSON dict (with "user_scenario"), an `envs.Task`, or a task id.
+id may also be given as "task_id"), a full tau2 task JSON dict (with "user_scenario"), an `tau2.Task`, or a task id.
 
 Offered tools. A non-empty `tools` (the training record's field) lists catalog aliases and domain tool names.
 The aliases restrict the catalog (`Catalog.offer`, after the `alias_map` remap): `call_expert`'s enum shows only
@@ -55,10 +55,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from orchestra_jax.envs.domain import Domain, Task
-from orchestra_jax.envs.evaluation import RewardInfo, evaluate
-from orchestra_jax.envs.runner import DEFAULT_GREETING
-from orchestra_jax.envs.user import UserSimulator, stop_token
+from orchestra_jax.tau2.domain import Domain, Task
+from orchestra_jax.tau2.evaluation import RewardInfo, evaluate
+from orchestra_jax.tau2.runner import DEFAULT_GREETING
+from orchestra_jax.tau2.user import UserSimulator, stop_token
 from orchestra_jax.rollout.environment import Episode, ToolEnvironment, ToolResult
 from orchestra_jax.rollout.tool_calls import ToolCall
 from orchestra_jax.tools.catalog import Catalog, InvalidToolCall
@@ -143,11 +143,11 @@ class Tau2Environment(ToolEnvironment):
   """One tau2 domain with a user simulator and the catalog's experts; see the module docstring.
 
   Args:
-    domain_name: "mock", "airline" or "retail" (`envs.Domain.load`), or a loaded `envs.Domain`.
+    domain_name: "mock", "airline" or "retail" (`tau2.Domain.load`), or a loaded `tau2.Domain`.
     catalog: the tool catalog (its `call_expert` tool and expert aliases).
     user_simulator_factory: `task -> UserSimulator` (e.g. `lambda t: ScriptedUser([...])`).
     ledger: where every call is recorded (default: a new `Ledger.for_catalog(catalog)`).
-    data_dir: the data root holding tau2/ (default: `envs.data_dir()`).
+    data_dir: the data root holding tau2/ (default: `tau2.data_dir()`).
     greeting: the agent's opening line when the task has no message history (None: the user opens).
     expert_mode: "delegate" (the expert acts) or "advice" (the expert only advises).
     max_expert_tool_calls: at most this many of one expert reply's tool calls are executed.
@@ -194,7 +194,7 @@ class Tau2Environment(ToolEnvironment):
     self.clients = ExpertClients(client_options, chat_options, missing_usage)
 
   def resolve_task(self, task: Any) -> Task:
-    """The `envs.Task` a task argument names (see the module docstring)."""
+    """The `tau2.Task` a task argument names (see the module docstring)."""
     if isinstance(task, Task):
       return task
     if isinstance(task, Mapping):
@@ -467,7 +467,7 @@ class Tau2Episode(Episode):
   # --- grading ---------------------------------------------------------------------------------------
   def grade_info(self, *, judge: Callable | None = None, on_missing_judge: str | None = None,
                  termination_reason: str | None = None) -> RewardInfo:
-    """`envs.evaluate` on this conversation. A conversation still open counts as not ended cleanly (reward 0)."""
+    """`tau2.evaluate` on this conversation. A conversation still open counts as not ended cleanly (reward 0)."""
     with self._lock:
       reason = termination_reason or self.termination_reason or "incomplete"
       return evaluate(self.domain_env, list(self.conversation), task=self.task, termination_reason=reason,

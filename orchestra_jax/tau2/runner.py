@@ -27,9 +27,9 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from orchestra_jax.envs.domain import Environment, Task
-from orchestra_jax.envs.evaluation import evaluate
-from orchestra_jax.envs.user import UserSimulator, stop_token
+from orchestra_jax.tau2.domain import Environment, Task
+from orchestra_jax.tau2.evaluation import evaluate
+from orchestra_jax.tau2.user import UserSimulator, stop_token
 
 __all__ = ["ToolCallRequest", "AgentMessage", "EpisodeResult", "run_episode", "gold_agent", "evaluate_episode",
            "DEFAULT_GREETING"]

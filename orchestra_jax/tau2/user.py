@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestra_jax.envs.domain import Task, tau2_dir
+from orchestra_jax.tau2.domain import Task, tau2_dir
 from orchestra_jax.resources import read_text
 
 __all__ = ["STOP_TOKEN", "TRANSFER_TOKEN", "OUT_OF_SCOPE_TOKEN", "STOP_TOKENS", "stop_token", "UserSimulator",

@@ -23,9 +23,9 @@ JSON form of one tool (an entry of tools.json "tools"):
     {"name": "freeze_account", "description": "Freeze an account.", "operation": "update", "table": "accounts",
      "fields": [], "set": {"status": "frozen"}}
 
-`make_toolkit(name, data_model, tools)` builds a class with the interface `envs.Domain` expects of a toolkit
+`make_toolkit(name, data_model, tools)` builds a class with the interface `tau2.Domain` expects of a toolkit
 (`TOOLS` with `.writes` / `.schema`, `tool_schemas()`, `invoke(name, arguments)`, `run_assertion`), so the
-generic `envs.Environment` (call, db_hash, grading) runs synthesised domains unchanged.
+generic `tau2.Environment` (call, db_hash, grading) runs synthesised domains unchanged.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from orchestra_jax.envs.db import Database
-from orchestra_jax.envs.tools import ToolError, safe_calculate
-from orchestra_jax.envs.datamodel import IDENT, Column, DataModel, InvalidSpec, Table
+from orchestra_jax.tau2.db import Database
+from orchestra_jax.tau2.tools import ToolError, safe_calculate
+from orchestra_jax.tau2.datamodel import IDENT, Column, DataModel, InvalidSpec, Table
 
 __all__ = ["OPERATIONS", "WRITE_OPERATIONS", "ToolDef", "compile_tools", "make_toolkit", "DeclarativeToolkit"]
 
@@ -406,6 +406,6 @@ class DeclarativeToolkit:
 
 
 def make_toolkit(domain: str, model: DataModel, tools: Sequence[ToolDef]) -> type[DeclarativeToolkit]:
-  """A toolkit class for one domain (what `envs.Domain` takes as `toolkit`)."""
+  """A toolkit class for one domain (what `tau2.Domain` takes as `toolkit`)."""
   name = "".join(p.capitalize() for p in domain.replace("-", "_").split("_") if p) + "Tools"
   return type(name, (DeclarativeToolkit,), {"DOMAIN": domain, "MODEL": model, "TOOLS": {t.name: t for t in tools}})

@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from orchestra_jax.envs.domain import Environment, Task
+from orchestra_jax.tau2.domain import Environment, Task
 
 __all__ = ["RewardInfo", "MissingJudgeError", "evaluate", "communicated", "pass_hat_k", "pass_hat_k_tasks",
            "CLEAN_TERMINATIONS", "SUCCESS_THRESHOLD"]

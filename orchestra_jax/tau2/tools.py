@@ -22,8 +22,8 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from orchestra_jax.envs.db import Database
-from orchestra_jax.envs.records import ValidationError, from_json, json_schema, to_json
+from orchestra_jax.tau2.db import Database
+from orchestra_jax.tau2.records import ValidationError, from_json, json_schema, to_json
 
 __all__ = ["ToolError", "tool", "assertion", "ToolSpec", "Toolkit", "TransferTool", "CalculateTool",
            "format_result", "safe_calculate",

@@ -28,9 +28,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestra_jax.envs.db import Database
-from orchestra_jax.envs.records import ValidationError
-from orchestra_jax.envs.tools import CALL_EXPERT_SCHEMA, ToolError, Toolkit, format_result
+from orchestra_jax.tau2.db import Database
+from orchestra_jax.tau2.records import ValidationError
+from orchestra_jax.tau2.tools import CALL_EXPERT_SCHEMA, ToolError, Toolkit, format_result
 from orchestra_jax.resources import DATA_ENV_VAR, DataNotFoundError, data_dir, read_json, read_text
 
 __all__ = ["DATA_ENV_VAR", "DOMAINS", "DataNotFoundError", "data_dir", "tau2_dir", "Action", "EnvAssertion",
@@ -38,9 +38,9 @@ __all__ = ["DATA_ENV_VAR", "DOMAINS", "DataNotFoundError", "data_dir", "tau2_dir
 
 # name -> (module, toolkit class, policy file); the module defines TABLES (table -> record type)
 DOMAINS: dict[str, tuple[str, str, str]] = {
-  "mock": ("orchestra_jax.envs.mock", "MockTools", "policy.md"),
-  "airline": ("orchestra_jax.envs.airline", "AirlineTools", "policy.md"),
-  "retail": ("orchestra_jax.envs.retail", "RetailTools", "policy.md"),
+  "mock": ("orchestra_jax.tau2.mock", "MockTools", "policy.md"),
+  "airline": ("orchestra_jax.tau2.airline", "AirlineTools", "policy.md"),
+  "retail": ("orchestra_jax.tau2.retail", "RetailTools", "policy.md"),
 }
 DEFAULT_REWARD_BASIS = ("DB", "COMMUNICATE")
 

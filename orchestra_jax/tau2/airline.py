@@ -34,8 +34,8 @@ import datetime as dt
 import string
 from typing import Any, Literal, Union
 
-from orchestra_jax.envs.records import field
-from orchestra_jax.envs.tools import CalculateTool, ToolError, TransferTool, tool
+from orchestra_jax.tau2.records import field
+from orchestra_jax.tau2.tools import CalculateTool, ToolError, TransferTool, tool
 
 CURRENT_TIME = "2024-05-15T15:00:00"
 Cabin = Literal["basic_economy", "economy", "business"]

@@ -1,10 +1,10 @@
-"""A synthesised domain on disk, loaded as an `envs.Domain` (same environments, grading and gold replay).
+"""A synthesised domain on disk, loaded as an `tau2.Domain` (same environments, grading and gold replay).
 
 Directory layout (what `orchestra synth` writes):
 
 * `db.json`: `{table: {key: row}}` (rows are JSON objects; the key is the row's primary key as a string).
 * `tools.json`: `{"format": "orchestra-synth/1", "domain": NAME, "description": ..., "data_model": {...},
-  "tools": [declarative tool, ...]}` (see `envs.datamodel` and `envs.declarative_tools`).
+  "tools": [declarative tool, ...]}` (see `tau2.datamodel` and `tau2.declarative_tools`).
 * `policy.md`: the agent policy.
 * `tasks.json`: tau2-format tasks (may be empty).
 * optional `split_tasks.json`: `{split: [task ids]}`.
@@ -22,11 +22,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestra_jax.envs.db import Database
-from orchestra_jax.envs.domain import Domain, Task
+from orchestra_jax.tau2.db import Database
+from orchestra_jax.tau2.domain import Domain, Task
 from orchestra_jax.errors import UserError
-from orchestra_jax.envs.datamodel import DataModel, InvalidSpec
-from orchestra_jax.envs.declarative_tools import ToolDef, compile_tools, make_toolkit
+from orchestra_jax.tau2.datamodel import DataModel, InvalidSpec
+from orchestra_jax.tau2.declarative_tools import ToolDef, compile_tools, make_toolkit
 
 __all__ = ["FORMAT", "DOMAIN_FILES", "SynthDomainError", "SynthDomain", "load_domain_dir", "write_domain_dir",
            "build_domain"]
@@ -40,7 +40,7 @@ class SynthDomainError(UserError, ValueError):
 
 
 class SynthDomain(Domain):
-  """An `envs.Domain` over a declarative toolkit; also carries its data model and tool definitions."""
+  """An `tau2.Domain` over a declarative toolkit; also carries its data model and tool definitions."""
 
   def __init__(self, name: str, root: Path | None, model: DataModel, tools: Sequence[ToolDef],
                db: Mapping[str, Mapping[str, Any]], policy: str, tasks: Sequence[Task] = (),

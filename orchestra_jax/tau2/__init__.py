@@ -1,8 +1,9 @@
-"""tau2-bench-style tool environments (mock, airline, retail): databases, tools, grading, user simulators.
+"""The tau2 simulation: tau2-bench-style domains (mock, airline, retail, synthesised ones) with their databases,
+tools, grading by gold replay, and user simulators.
 
 Quick start::
 
-  from orchestra_jax.envs import Domain, ScriptedUser, run_episode, evaluate_episode
+  from orchestra_jax.tau2 import Domain, ScriptedUser, run_episode, evaluate_episode
   domain = Domain.load("airline")                  # parsed once per process
   env = domain.new_episode(domain.task("7"))       # private copy of the database
   env.call("get_user_details", {"user_id": "..."}) # JSON text, or "Error: ..."

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, Union
 
-from orchestra_jax.envs.tools import CalculateTool, ToolError, TransferTool, tool
+from orchestra_jax.tau2.tools import CalculateTool, ToolError, TransferTool, tool
 
 CANCEL_REASONS = ("no longer needed", "ordered by mistake")
 

@@ -27,7 +27,7 @@ import types
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from orchestra_jax.envs.records import ValidationError, canonical_json, from_json, to_json
+from orchestra_jax.tau2.records import ValidationError, canonical_json, from_json, to_json
 
 __all__ = ["Database", "deep_merge"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from orchestra_jax.envs.records import field
-from orchestra_jax.envs.tools import ToolError, TransferTool, assertion, tool
+from orchestra_jax.tau2.records import field
+from orchestra_jax.tau2.tools import ToolError, TransferTool, assertion, tool
 
 TaskStatus = Literal["pending", "completed"]
 
