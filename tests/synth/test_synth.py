@@ -2,10 +2,10 @@
 
 import argparse
 import json
-from pathlib import Path
 
 import pytest
 
+from conftest import FIXTURES
 from orchestra_jax.data import convert_toolscale, read_jsonl, sample_domain
 from orchestra_jax.tau2.evaluation import evaluate
 from orchestra_jax.errors import UserError
@@ -15,7 +15,7 @@ from orchestra_jax.synth import (DataModel, InvalidSpec, StageFailed, StageRunne
 from orchestra_jax.tools.llm_client import ChatClient
 from orchestra_jax.tools.scripted_server import ScriptedServer
 
-FIXTURES = Path(__file__).parent / "fixtures" / "synth"
+FIXTURES = FIXTURES / "synth"
 GENERATIONS = json.loads((FIXTURES / "bank_generations.json").read_text())
 MODEL = GENERATIONS["model"]
 

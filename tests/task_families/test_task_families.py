@@ -6,11 +6,11 @@ by `orchestra synth`, a scripted OpenAI-compatible server on 127.0.0.1 for the e
 
 import dataclasses
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import FIXTURES, REPO
 from orchestra_jax import trainer
 from orchestra_jax.configs import ConfigFileError, load_config
 from orchestra_jax.data import converters, format as data_format
@@ -22,8 +22,7 @@ from orchestra_jax.rollout.trajectory import Trajectory
 from orchestra_jax.tools.catalog import Catalog
 from orchestra_jax.tools.scripted_server import ScriptedServer
 
-ROOT = Path(__file__).resolve().parent.parent
-BIG = str(ROOT / "configs" / "orchestrator_8b.py")
+BIG = str(REPO / "configs" / "orchestrator_8b.py")
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +116,7 @@ def test_load_task_records(files, synth_bank_dir, tmp_path):
   json.dumps(tasks)  # they go to the rollout logs as they are
   assert [eval_group(t) for t in tasks[5:7]] == ["qa", "tau2-mock"]
   # a toolscale record's domain directory is relative to its file, made absolute on loading
-  bank = converters.convert_toolscale(ROOT / "tests" / "fixtures" / "synth" / "toolscale_bank.jsonl",
+  bank = converters.convert_toolscale(FIXTURES / "synth" / "toolscale_bank.jsonl",
                                       domain_dir=synth_bank_dir)
   rel = [dataclasses.replace(s, metadata={**s.metadata, "domain_dir": "../" + synth_bank_dir.name}) for s in bank]
   (tmp_path / "sub").mkdir()
@@ -191,7 +190,7 @@ def test_records_route_to_their_environment_and_are_graded(files, server):
 
 
 def test_toolscale_records_run_in_their_synthesised_domain(files, server, synth_bank_dir, tmp_path):
-  bank = converters.convert_toolscale(ROOT / "tests" / "fixtures" / "synth" / "toolscale_bank.jsonl",
+  bank = converters.convert_toolscale(FIXTURES / "synth" / "toolscale_bank.jsonl",
                                       domain_dir=synth_bank_dir)
   qa = data_format.read_jsonl(files / "qa.jsonl")
   data_format.write_jsonl(tmp_path / "bank.jsonl", qa + bank)

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import FIXTURES, REPO
 from orchestra_jax import cli
 from orchestra_jax.data import convert_frames, read_jsonl, sample_domain
 from orchestra_jax.data.cli import add_data_parser
 from orchestra_jax.tau2.domain import Domain
 
-REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path(__file__).parent / "fixtures" / "synth"
+FIXTURES = FIXTURES / "synth"
 
 
 def data(capsys, *args):

@@ -2,17 +2,17 @@
 
 import json
 import random
-from pathlib import Path
 
 import pytest
 
+from conftest import FIXTURES
 from orchestra_jax.data import (DataFormatError, MissingDependencyError, Sample, alias_map_to_remap, convert_frames,
                                 convert_hle, convert_tau2, convert_toolscale, load_iterator_state, make_dataset,
                                 make_iterator, preference_array, preference_text, random_preference, randomize_sample,
                                 randomize_samples, read_jsonl, sample_domain, save_iterator_state, write_jsonl)
 from orchestra_jax.errors import UserError
 
-FIXTURES = Path(__file__).parent / "fixtures" / "synth"
+FIXTURES = FIXTURES / "synth"
 
 
 def _qa(i: int, **kw) -> Sample:

