@@ -115,9 +115,14 @@ class RolloutSection:
   batch_size: int = 128  # sampler slots = prompts_per_step x group_size: one step's rollouts decode together
   chunk_steps: int = 16  # decode steps per jitted chunk
   enable_thinking: bool = True
+  # Limits on hostile model output: past them a call is a tool error in the row's transcript, not an exception.
+  max_tool_calls_per_turn: int = 8  # later calls in the turn are refused, not executed
+  max_tool_argument_chars: int = 16_384  # one tool call's JSON text
+  max_tool_argument_depth: int = 32  # nesting depth of a call's arguments
 
   def __post_init__(self):
-    _at_least(self, ("max_turns", "max_new_tokens", "tool_workers", "max_len", "batch_size", "chunk_steps"), 1)
+    _at_least(self, ("max_turns", "max_new_tokens", "tool_workers", "max_len", "batch_size", "chunk_steps",
+                     "max_tool_calls_per_turn", "max_tool_argument_chars", "max_tool_argument_depth"), 1)
     _at_least(self, ("top_k",), 0)
     if self.temperature < 0:
       raise _bad("rollout.temperature", f"must be >= 0, got {self.temperature}")
@@ -134,7 +139,9 @@ class RolloutSection:
     return RolloutConfig(max_turns=self.max_turns, max_new_tokens=self.max_new_tokens,
                          temperature=self.temperature if temperature is None else temperature, top_p=self.top_p,
                          top_k=self.top_k, mode=self.mode, tool_workers=self.tool_workers,
-                         enable_thinking=self.enable_thinking)
+                         enable_thinking=self.enable_thinking, max_tool_calls_per_turn=self.max_tool_calls_per_turn,
+                         max_tool_argument_chars=self.max_tool_argument_chars,
+                         max_tool_argument_depth=self.max_tool_argument_depth)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,6 +34,8 @@ def _one_line(fn, needle: str) -> None:
     (RolloutSection, {"top_p": 0.0}, "'rollout.top_p'"),
     (RolloutSection, {"temperature": -1.0}, "'rollout.temperature'"),
     (RolloutSection, {"max_new_tokens": 40000}, "'rollout.max_new_tokens'"),
+    (RolloutSection, {"max_tool_calls_per_turn": 0}, "'rollout.max_tool_calls_per_turn': must be >= 1, got 0"),
+    (RolloutSection, {"max_tool_argument_depth": 0}, "'rollout.max_tool_argument_depth'"),
     (RewardSection, {"name": "nope"}, "'reward.name': 'nope' (known: efficiency, outcome, preference"),
     (RewardSection, {"estimator": "nope"}, "'reward.estimator'"),
     (RewardSection, {"clip": 0.0}, "'reward.clip'"),
@@ -71,6 +73,9 @@ def test_library_configs_come_from_the_sections():
   assert (r.max_turns, r.max_new_tokens, r.mode, r.tool_workers, r.temperature) == (30, 8768, "rebuild", 64, 1.0)
   assert typed.rollout.rollout_config(temperature=0.0).temperature == 0.0
   assert RolloutConfig() == RolloutSection().rollout_config()  # one set of defaults
+  limits = RolloutSection(max_tool_calls_per_turn=2, max_tool_argument_chars=100, max_tool_argument_depth=3)
+  r = limits.rollout_config()
+  assert (r.max_tool_calls_per_turn, r.max_tool_argument_chars, r.max_tool_argument_depth) == (2, 100, 3)
   t = typed.train.train_config()
   assert (t.optimizer.learning_rate, t.loss.clip_high, t.grad_accum_steps, t.logprob_window) == (1e-6, 0.28, 2, 8768)
   assert TrainSection(logprob_window=0).train_config().logprob_window is None
@@ -90,7 +95,9 @@ def test_demo_states_only_what_differs_and_resolves_typed():
 def test_the_config_files_resolve_to_every_field_as_before():
   """What configs/demo.py and configs/orchestrator_8b.py wrote out in full before the sections had defaults."""
   demo = load_config(DEMO).to_dict()
-  assert demo["rollout"] == {"max_turns": 2, "max_new_tokens": 24, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
+  # Added later with defaults (limits on hostile tool calls); the files did not have to change.
+  limits = {"max_tool_calls_per_turn": 8, "max_tool_argument_chars": 16_384, "max_tool_argument_depth": 32}
+  assert demo["rollout"] == {**limits, "max_turns": 2, "max_new_tokens": 24, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
                              "mode": "extend", "tool_workers": 16, "max_len": 320, "batch_size": 64,
                              "chunk_steps": 8, "enable_thinking": True}
   assert demo["train"] == {"learning_rate": 3e-4, "b1": 0.9, "b2": 0.999, "weight_decay": 0.01,
@@ -104,7 +111,7 @@ def test_the_config_files_resolve_to_every_field_as_before():
   assert demo["env"] == {"name": "demo", "num_train_tasks": 480, "num_eval_tasks": 60, "preferences": ("cheap",)}
   assert demo["mesh"] == {"shape": (-1, 1, 1)} and demo["debug"] == {"nan_at_step": -1}
   big = load_config(BIG).to_dict()
-  assert big["rollout"] == {"max_turns": 30, "max_new_tokens": 8768, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
+  assert big["rollout"] == {**limits, "max_turns": 30, "max_new_tokens": 8768, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
                             "mode": "rebuild", "tool_workers": 64, "max_len": 32768, "batch_size": 128,
                             "chunk_steps": 16, "enable_thinking": True}
   assert (big["train"]["grad_accum_steps"], big["train"]["old_logprobs"], big["train"]["logprob_window"],

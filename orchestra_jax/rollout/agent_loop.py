@@ -27,7 +27,8 @@ from typing import Any, Callable, Sequence
 from orchestra_jax.rollout import chat_format
 from orchestra_jax.rollout.environment import Episode, ToolEnvironment, ToolResult
 from orchestra_jax.rollout.sampler import Sampler, SamplingParams, TurnResult
-from orchestra_jax.rollout.tool_calls import ToolCall, ToolCallError, parse_assistant_turn, validate_tool_calls
+from orchestra_jax.rollout.tool_calls import (MAX_ARGUMENT_CHARS, MAX_ARGUMENT_DEPTH, ToolCall, ToolCallError,
+                                              parse_assistant_turn, validate_tool_calls)
 from orchestra_jax.rollout.trajectory import ToolCallRecord, Trajectory
 
 
@@ -44,12 +45,17 @@ class RolloutConfig:
   mode: str = "rebuild"  # "extend" (grow the chat in the cache) | "rebuild" (fresh prompt per turn)
   tool_workers: int = 64
   enable_thinking: bool = True
+  # Hostile-output limits: a turn past them gets tool errors in its transcript, never an exception or a runaway.
+  max_tool_calls_per_turn: int = 8  # later calls of the turn are refused (a TOO_MANY_CALLS error), not executed
+  max_tool_argument_chars: int = MAX_ARGUMENT_CHARS  # one call's JSON text
+  max_tool_argument_depth: int = MAX_ARGUMENT_DEPTH  # nesting of its arguments (the object itself is level 1)
 
   def __post_init__(self):
     if self.mode not in ("extend", "rebuild"):
       raise ValueError(f"rollout mode must be 'extend' or 'rebuild', got {self.mode!r}")
-    if self.max_turns < 1:
-      raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+    for name in ("max_turns", "max_tool_calls_per_turn", "max_tool_argument_chars", "max_tool_argument_depth"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
   def sampling(self) -> SamplingParams:
     return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
@@ -90,21 +96,37 @@ class _Row:
   opened_at: float = dataclasses.field(default_factory=time.perf_counter)
 
 
+def _describe(e: BaseException) -> str:
+  try:
+    return f"{type(e).__name__}: {e}"
+  except Exception:  # an exception whose __str__ itself fails
+    return type(e).__name__
+
+
 def run_call(episode: Episode, call: ToolCall) -> ToolResult:
-  """`episode.call(call)` that never raises, with a record (and its latency) always filled in."""
+  """`episode.call(call)` that never raises, with a record (and its latency) always filled in.
+
+  Everything that can go wrong with the call, including an environment returning something that is not a
+  `ToolResult`, becomes an error result for this row: it runs on a pool thread and the loop reads it back with
+  `Future.result()`, so an exception here would leave `AgentLoop.run` and end every row of the batch."""
   start = time.perf_counter()
   try:
     result = episode.call(call)
+    if not isinstance(result, ToolResult):
+      raise TypeError(f"Episode.call returned {type(result).__name__}, not a ToolResult")
+    if not isinstance(result.content, str):
+      result.content = str(result.content)
+    if result.record is None:
+      result.record = ToolCallRecord(name=call.name, arguments=call.arguments, result=result.content)
+    elif not isinstance(result.record, ToolCallRecord):
+      raise TypeError(f"ToolResult.record is {type(result.record).__name__}, not a ToolCallRecord")
   except Exception as e:  # an environment bug must not kill the other rows
-    result = ToolResult(content=f"Error: tool {call.name} failed: {type(e).__name__}: {e}",
-                        record=ToolCallRecord(name=call.name, arguments=call.arguments, error=str(e)))
-  if result.record is None:
-    result.record = ToolCallRecord(name=call.name, arguments=call.arguments, result=result.content)
+    detail = _describe(e)
+    result = ToolResult(content=f"Error: tool {call.name} failed: {detail}",
+                        record=ToolCallRecord(name=call.name, arguments=call.arguments, error=detail))
   if not result.record.latency_s:
     result.record.latency_s = time.perf_counter() - start
   return result
-
-
 
 
 class AgentLoop:
@@ -190,7 +212,8 @@ class AgentLoop:
 
   def _on_turn(self, row: _Row, turn: TurnResult, pool: cf.ThreadPoolExecutor) -> None:
     text = self.tokenizer.decode(turn.tokens, skip_special_tokens=False)
-    parsed = parse_assistant_turn(text)
+    parsed = parse_assistant_turn(text, max_argument_chars=self.config.max_tool_argument_chars,
+                                  max_argument_depth=self.config.max_tool_argument_depth)
     prompt = row.prompt_ids if self.config.mode == "rebuild" else None
     recorded = row.trajectory.append_generated(turn.tokens, turn.logprobs, turn.finish_reason, prompt_tokens=prompt,
                                                parsed=parsed, text=text)
@@ -198,7 +221,7 @@ class AgentLoop:
     row.last_token = turn.tokens[-1] if turn.tokens else None
     self.stats.turns += 1
     self.stats.generated_tokens += len(turn.tokens)
-    validation = validate_tool_calls(parsed, row.tools)
+    validation = validate_tool_calls(parsed, row.tools, max_calls=self.config.max_tool_calls_per_turn)
     recorded.errors = list(parsed.errors) + validation
     if not parsed.tool_calls and not parsed.errors:
       row.trajectory.finish_reason = "no_tool_call" if turn.finish_reason != "length" else "length"

@@ -24,6 +24,9 @@ Three jobs, all pure functions (a tokenizer is passed in; nothing is read or wri
       turn it into a control token and let a tool result end its own turn. Non-special added tokens such as
       `</tool_response>` are still matched, as in the template route.
   Tests check equality with the template route for every case that has none of these differences.
+* Safe text. Every text goes through `safe_text` right before it is tokenised: a lone UTF-16 surrogate (JSON
+  `"\\ud800"` decodes to one, in a model's tool-call arguments or an expert's reply) cannot be encoded as UTF-8
+  and makes the tokenizer raise, which would end every row of the batch; it becomes U+FFFD instead.
 * Parsing. `parse_assistant_turn` splits a generated turn into thinking, content and tool calls, tolerating
   common slips (see its docstring); `validate_tool_calls` checks calls against the tools' JSON schemas. Error
   messages are written to be sent back to the model verbatim as a tool response. They live in
@@ -37,8 +40,9 @@ from typing import Any
 
 # The special tokens and the tool-call names are re-exported: callers read the whole chat format from here.
 from orchestra_jax.rollout.tool_calls import (BAD_ARGUMENTS, CALL_FORMAT_HINT, ERROR_KINDS,  # noqa: F401
-                                              INVALID_VALUE, MALFORMED_JSON, MISSING_ARGUMENT, MISSING_NAME,
-                                              UNEXPECTED_ARGUMENT, UNKNOWN_TOOL, UNTERMINATED, WRONG_TYPE,
+                                              INVALID_VALUE, MALFORMED_JSON, MAX_ARGUMENT_CHARS, MAX_ARGUMENT_DEPTH,
+                                              MISSING_ARGUMENT, MISSING_NAME, TOO_MANY_CALLS, UNEXPECTED_ARGUMENT,
+                                              UNKNOWN_TOOL, UNTERMINATED, WRONG_TYPE,
                                               ParsedTurn, ToolCall, ToolCallError, json_type, normalize_tool_schema,
                                               parse_assistant_turn, tool_parameter_schemas, validate_tool_calls)
 from orchestra_jax.tokenizer import (ENDOFTEXT, ENDOFTEXT_ID, IM_END, IM_END_ID, IM_START, IM_START_ID,  # noqa: F401
@@ -68,6 +72,23 @@ def check_special_token_ids(tokenizer) -> None:
       raise ValueError(f"tokenizer maps {text!r} to {got!r}, expected {want} (not a Qwen3 tokenizer?)")
 
 
+def safe_text(text: str) -> str:
+  """`text` with each lone surrogate replaced by U+FFFD; a str that is valid Unicode is returned as is.
+
+  Through UTF-16 with surrogatepass, so a high + low pair that sits in the str as two code points is joined into
+  its character rather than replaced."""
+  try:
+    text.encode("utf-8")
+    return text
+  except UnicodeEncodeError:
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def _encode(tokenizer, text: str, **kwargs) -> list[int]:
+  """The one place chat text becomes token ids (made safe first: see `safe_text`)."""
+  return [int(i) for i in tokenizer.encode(safe_text(text), add_special_tokens=False, **kwargs)]
+
+
 # --- rendering -----------------------------------------------------------------------------------------
 def render_messages(tokenizer, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
                     add_generation_prompt: bool = True, enable_thinking: bool = True) -> str:
@@ -83,7 +104,7 @@ def encode_prompt(tokenizer, messages: Sequence[Mapping[str, Any]], tools: Seque
                   add_generation_prompt: bool = True, enable_thinking: bool = True) -> list[int]:
   """Token ids of `render_messages` (control-token text in the messages is parsed, as serving stacks do)."""
   text = render_messages(tokenizer, messages, tools, add_generation_prompt, enable_thinking)
-  return [int(i) for i in hf_tokenizer(tokenizer).encode(text, add_special_tokens=False)]
+  return _encode(hf_tokenizer(tokenizer), text)
 
 
 def _continuation_segments(messages: Sequence[Mapping[str, Any]], after_im_end: bool, add_generation_prompt: bool,
@@ -152,14 +173,14 @@ def continuation_ids(tokenizer, messages: Sequence[Mapping[str, Any]], last_toke
   for text, payload in _continuation_segments(messages, after_im_end, add_generation_prompt, enable_thinking):
     if payload and escape_special_tokens:
       if pending:
-        ids.extend(tokenizer.encode(pending, add_special_tokens=False))
+        ids.extend(_encode(tokenizer, pending))
         pending = ""
-      ids.extend(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+      ids.extend(_encode(tokenizer, text, split_special_tokens=True))
     else:
       pending += text
   if pending:
-    ids.extend(tokenizer.encode(pending, add_special_tokens=False))
-  return [int(i) for i in ids]
+    ids.extend(_encode(tokenizer, pending))
+  return ids
 
 
 def tool_response_ids(tokenizer, contents: Sequence[str], last_token_id: int | None, *,

@@ -4,7 +4,11 @@
   template renders and the checks read.
 * Parsing. `parse_assistant_turn` splits a generated turn into thinking, content and tool calls
   (`<tool_call>{json}</tool_call>` blocks), tolerating common slips (see its docstring).
-* Validation. `validate_tool_calls` checks parsed calls against the tools' JSON schemas.
+* Validation. `validate_tool_calls` checks parsed calls against the tools' JSON schemas (and, when asked, refuses
+  calls past a per-turn limit).
+* Limits. A generated call is hostile input: its JSON text is capped in characters (`max_argument_chars`), its
+  arguments in nesting depth (`max_argument_depth`), and integers too long for Python (over 4300 digits) are a
+  bad call; each becomes a `ToolCallError`, so one degenerate turn costs its row a tool error, never the batch.
 
 Error messages (`ToolCallError.message`) are written to be sent back to the model verbatim as a tool response.
 `rollout.chat_format` re-exports these names: they are part of the chat format's API.
@@ -29,8 +33,16 @@ MISSING_ARGUMENT = "missing_argument"
 WRONG_TYPE = "wrong_type"
 INVALID_VALUE = "invalid_value"  # not one of the schema's `enum`
 UNEXPECTED_ARGUMENT = "unexpected_argument"  # only when the schema says additionalProperties: false
+TOO_MANY_CALLS = "too_many_calls"  # past `validate_tool_calls(max_calls=)`: refused, not executed
 ERROR_KINDS = (MALFORMED_JSON, MISSING_NAME, BAD_ARGUMENTS, UNTERMINATED, UNKNOWN_TOOL, MISSING_ARGUMENT,
-               WRONG_TYPE, INVALID_VALUE, UNEXPECTED_ARGUMENT)
+               WRONG_TYPE, INVALID_VALUE, UNEXPECTED_ARGUMENT, TOO_MANY_CALLS)
+
+# Parser limits (RolloutConfig / training_config.RolloutSection name the same values). Real tool calls are a few
+# hundred characters and a few levels deep; these only stop degenerate output. The depth bound keeps every later
+# recursive walk of the arguments (schema checks, dataclasses.asdict, json.dumps in the rollout writer) far from
+# Python's recursion limit.
+MAX_ARGUMENT_CHARS = 16_384
+MAX_ARGUMENT_DEPTH = 32
 
 CALL_FORMAT_HINT = '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
 
@@ -166,15 +178,44 @@ def _loads_lenient(body: str, repairs: list[str]) -> Any:
     first_error = e
   except RecursionError:
     raise _Fail(MALFORMED_JSON, "JSON nested too deeply") from None
+  except ValueError as e:  # an integer over sys.get_int_max_str_digits(); not a JSONDecodeError
+    raise _Fail(MALFORMED_JSON, _value_error_detail(e)) from None
   fixed = _strip_trailing_commas(s)
   if fixed != s:
     try:
       value = json.loads(fixed)
       repairs.append("trailing_comma")
       return value
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):
       pass
   raise _Fail(MALFORMED_JSON, f"{first_error.msg} at line {first_error.lineno} column {first_error.colno}")
+
+
+def _value_error_detail(e: ValueError) -> str:
+  if "digits" in str(e):
+    return "a number has too many digits"
+  return f"invalid JSON ({e})"
+
+
+def _depth(value: Any, limit: int) -> int:
+  """Nesting depth of containers in `value` (a scalar is 0, `{}` is 1), counted up to `limit + 1` at most.
+
+  Iterative: the value may be nested deeper than Python's recursion limit allows a recursive walk to go."""
+  deepest = 0
+  stack = [(value, 1)]
+  while stack:
+    v, d = stack.pop()
+    if isinstance(v, dict):
+      items = v.values()
+    elif isinstance(v, list):
+      items = v
+    else:
+      continue
+    deepest = max(deepest, d)
+    if deepest > limit:
+      return deepest
+    stack.extend((item, d + 1) for item in items)
+  return deepest
 
 
 def _call_from_value(value: Any, repairs: list[str]) -> tuple[str, dict[str, Any]]:
@@ -207,6 +248,9 @@ def _call_from_value(value: Any, repairs: list[str]) -> tuple[str, dict[str, Any
         raise _Fail(BAD_ARGUMENTS, f'"arguments" is a string that is not valid JSON ({e.msg})', name) from None
       except RecursionError:
         raise _Fail(BAD_ARGUMENTS, '"arguments" is nested too deeply', name) from None
+      except ValueError as e:
+        raise _Fail(BAD_ARGUMENTS, f'"arguments" is a string that is not valid JSON ({_value_error_detail(e)})',
+                    name) from None
     repairs.append("arguments_string")
   if not isinstance(args, dict):
     raise _Fail(BAD_ARGUMENTS, f'"arguments" must be a JSON object, got {json_type(args)}', name)
@@ -247,7 +291,17 @@ def _strip_end_tokens(text: str) -> str:
       return text
 
 
-def parse_assistant_turn(text: str, *, assume_closed: bool = False) -> ParsedTurn:
+def _check_limits(name: str, args: dict[str, Any], size: int, max_chars: int | None, max_depth: int | None) -> None:
+  if max_chars is not None and size > max_chars:
+    raise _Fail(BAD_ARGUMENTS, f"the call is {size} characters long, over the limit of {max_chars} characters", name)
+  if max_depth is not None:
+    depth = _depth(args, max_depth)
+    if depth > max_depth:
+      raise _Fail(BAD_ARGUMENTS, f'"arguments" are nested more than {max_depth} levels deep', name)
+
+
+def parse_assistant_turn(text: str, *, assume_closed: bool = False, max_argument_chars: int | None = MAX_ARGUMENT_CHARS,
+                         max_argument_depth: int | None = MAX_ARGUMENT_DEPTH) -> ParsedTurn:
   """Split generated text (decoded with special tokens kept) into thinking, content and tool calls.
 
   Handled: a `<think>…</think>` block (a `<tool_call>` inside it is thinking, not a call; a `</think>` with no
@@ -263,6 +317,10 @@ def parse_assistant_turn(text: str, *, assume_closed: bool = False) -> ParsedTur
   string holding an object (or an empty string); `parameters` instead of `arguments`; no `arguments` at all
   (taken as `{}`: a call to a tool without parameters); OpenAI nesting `{"function": {"name", "arguments"}}`.
   Not forgiven: single quotes, Python literals, extra closing braces, several objects in one block.
+  Refused as BAD_ARGUMENTS (None lifts a limit): a block whose text after `<tool_call>` (JSON, whitespace and the
+  closing tag) is over `max_argument_chars` characters,
+  arguments nested deeper than `max_argument_depth` (the arguments object itself is level 1); as MALFORMED_JSON /
+  BAD_ARGUMENTS: an integer longer than Python converts (4300 digits).
   """
   text = _strip_end_tokens(text)
   before, thinking, rest, unterminated_think = _split_thinking(text)
@@ -289,7 +347,7 @@ def parse_assistant_turn(text: str, *, assume_closed: bool = False) -> ParsedTur
         end = k + len(TOOL_CALL_CLOSE)
       elif k == len(rest) and assume_closed:
         end = k
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # ValueError: JSONDecodeError, or an integer with too many digits
       pass
     try:
       if end < 0:  # 2) Up to the first closing tag, with lenient decoding.
@@ -304,6 +362,7 @@ def parse_assistant_turn(text: str, *, assume_closed: bool = False) -> ParsedTur
           body = rest[body_start:close]
         value = _loads_lenient(body, repairs)
       name, args = _call_from_value(value, repairs)
+      _check_limits(name, args, end - body_start, max_argument_chars, max_argument_depth)
       calls.append(ToolCall(name=name, arguments=args, raw=rest[start:end], index=index, repairs=tuple(repairs)))
     except _Fail as f:
       errors.append(ToolCallError(kind=f.kind, message=_error_message(f.kind, index, f.detail, f.name),
@@ -414,15 +473,22 @@ def tool_parameter_schemas(tool_schemas: Sequence[Mapping[str, Any]] | Mapping[s
 
 
 def validate_tool_calls(parsed: ParsedTurn | Sequence[ToolCall],
-                        tool_schemas: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> list[ToolCallError]:
+                        tool_schemas: Sequence[Mapping[str, Any]] | Mapping[str, Any],
+                        max_calls: int | None = None) -> list[ToolCallError]:
   """Errors for calls to unknown tools, missing required arguments, wrong basic types and values outside an
   `enum` (plus unexpected arguments when a schema sets additionalProperties: false). Parse errors already in
-  `parsed.errors` are not repeated. `tool_schemas`: the list given to `render_messages`, or name -> params."""
+  `parsed.errors` are not repeated. `tool_schemas`: the list given to `render_messages`, or name -> params.
+  `max_calls`: calls in block position `max_calls` or later (failed blocks count: the limit is on what the model
+  wrote) get one TOO_MANY_CALLS error each instead of schema checks, so the caller refuses them."""
   calls = parsed.tool_calls if isinstance(parsed, ParsedTurn) else list(parsed)
   params = tool_parameter_schemas(tool_schemas)
   errors: list[ToolCallError] = []
   for call in calls:
     who = f'Tool call #{call.index + 1} ({call.name})'
+    if max_calls is not None and call.index >= max_calls:
+      errors.append(ToolCallError(TOO_MANY_CALLS, f"{who} was not run: at most {max_calls} tool calls per turn are "
+                                  f"executed. Make fewer calls per turn.", call.raw, call.index, call.name))
+      continue
     if call.name not in params:
       available = ", ".join(sorted(params)) or "none"
       errors.append(ToolCallError(UNKNOWN_TOOL, f'{who}: unknown tool "{call.name}". Available tools: {available}.',

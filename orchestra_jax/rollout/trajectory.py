@@ -20,6 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from orchestra_jax.rollout.chat_format import safe_text
 from orchestra_jax.rollout.tool_calls import ParsedTurn, ToolCall, ToolCallError
 
 FORMAT_VERSION = 1
@@ -229,8 +230,10 @@ class Trajectory:
     return traj
 
   def to_json(self) -> str:
-    """One line of JSON (floats written with repr, so the round trip is exact; -inf log-probs survive)."""
-    return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
+    """One line of JSON (floats written with repr, so the round trip is exact; -inf log-probs survive).
+
+    Lone surrogates (from tool arguments or replies) become U+FFFD, so the line always encodes as UTF-8."""
+    return safe_text(json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":")))
 
   @classmethod
   def from_json(cls, s: str) -> "Trajectory":

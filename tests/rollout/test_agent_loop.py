@@ -1,5 +1,6 @@
 """Multi-turn tool-calling rollouts through the real sampler, tokenizer, parser and in-process tools."""
 
+import concurrent.futures as cf
 import json
 
 import jax
@@ -10,7 +11,7 @@ from orchestra_jax import tokenizer as tokenizer_lib
 from orchestra_jax.model import qwen3
 from orchestra_jax.model.config import tiny
 from orchestra_jax.rollout.agent_loop import AgentLoop, RolloutConfig
-from orchestra_jax.rollout.sampler import Sampler
+from orchestra_jax.rollout.sampler import Sampler, TurnResult
 from orchestra_jax.rollout.trajectory import Trajectory
 
 
@@ -115,3 +116,75 @@ def test_untrained_model_ends_without_tool_call(tok):
   traj = loop.run(scripted_policy.tasks()[:1])[0]
   assert traj.finish_reason in ("no_tool_call", "length") and traj.final_answer is None
   assert sum(traj.generated_mask) == len(traj.turns[0].num_tokens * [1])
+
+
+# --- hostile rows: one bad row never ends the batch -----------------------------------------------------
+def _hostile_env(bad_add=None, broken_call_for=None):
+  """The scripted env, with `add` replaced by `bad_add` and `Episode.call` returning `broken_call_for[task id]`
+  (a bug: not a ToolResult) for the named tasks."""
+  env = scripted_policy.make_env()
+  if bad_add is not None:
+    env.functions["add"] = bad_add
+  if broken_call_for:
+    make = env.new_episode
+
+    def new_episode(task, rollout_id):
+      episode = make(task, rollout_id)
+      if task["id"] in broken_call_for:
+        episode.call = lambda call: broken_call_for[task["id"]]
+      return episode
+    env.new_episode = new_episode
+  return env
+
+
+def _hostile_loop(policy, tok, env, mode="extend", batch=3, **kw):
+  sampler = Sampler(policy.config, policy.params, max_len=512, batch_size=batch, chunk_steps=8)
+  return AgentLoop(sampler, tok, env, RolloutConfig(temperature=0.0, max_new_tokens=48, mode=mode, **kw))
+
+
+@pytest.mark.parametrize("mode", ["extend", "rebuild"])
+def test_lone_surrogate_in_a_tool_reply_does_not_stop_the_batch(policy, tok, mode):
+  # An expert's reply decoded from JSON "\ud800": a str with a lone surrogate, which a UTF-8 tokenizer refuses.
+  bad = json.loads('"\\ud800"')
+  env = _hostile_env(bad_add=lambda a, b: f"{a + b}{bad}" if a == 4 else a + b)
+  tasks = scripted_policy.tasks()
+  trajs = _hostile_loop(policy, tok, env, mode=mode).run(tasks)
+  assert all(t is not None for t in trajs)
+  good, hostile, malformed = trajs
+  assert good.final_answer == "5" and malformed.final_answer == "2"
+  if mode == "extend":
+    assert good.tokens == policy.sequences[0][0]  # untouched by its neighbour
+  assert hostile.tool_calls[0].result == "8" + bad and len(hostile.turns) >= 2  # the row went on past the reply
+  # The rollout record is valid UTF-8 JSON (what the trainer writes).
+  assert json.loads(hostile.to_json().encode("utf-8"))["tool_calls"][0]["result"] == "8\ufffd"
+
+
+def test_broken_episode_call_is_a_tool_error_for_its_row(policy, tok):
+  env = _hostile_env(broken_call_for={"t1": None})  # Episode.call returned None instead of a ToolResult
+  trajs = _hostile_loop(policy, tok, env).run(scripted_policy.tasks())
+  good, broken, malformed = trajs
+  assert good.final_answer == "5" and good.tokens == policy.sequences[0][0] and malformed.final_answer == "2"
+  record = broken.tool_calls[0]
+  assert record.name == "add" and record.error and "ToolResult" in record.error
+  reply = tok.decode(broken.tokens[broken.turns[0].end:broken.turns[1].start])
+  assert "Error:" in reply and "add" in reply
+
+
+def test_tool_call_limits_reach_the_transcript(policy, tok):
+  """A turn with too many calls, a 5,000-digit integer and 1,000-deep arguments: each block gets an error reply,
+  only the first `max_tool_calls_per_turn` valid calls run, and nothing raises."""
+  loop = _hostile_loop(policy, tok, scripted_policy.make_env(), batch=1, max_tool_calls_per_turn=3)
+  call = '<tool_call>\n{"name": "add", "arguments": {"a": %s, "b": 1}}\n</tool_call>'
+  text = (call % ("1" * 5000) + call % ("[" * 200 + "]" * 200) + call % 1 + "".join(call % i for i in range(10))
+          + "<|im_end|>")
+  row = loop._open(0, scripted_policy.tasks()[0], 0, "0")
+  tokens = tok.encode(text)
+  with cf.ThreadPoolExecutor(2) as pool:
+    loop._on_turn(row, TurnResult(tokens=tokens, logprobs=[-1.0] * len(tokens), finish_reason="stop"), pool)
+    cf.wait(row.futures)
+  replies = [r if isinstance(r, str) else r.result().content for r in row.replies]
+  assert len(replies) == 13 and len(row.futures) == 1 and loop.stats.tool_calls == 1
+  assert "digits" in replies[0] and "nested" in replies[1] and replies[2] == "2"
+  assert all("at most 3 tool calls per turn" in r for r in replies[3:])
+  kinds = [e.kind for e in row.trajectory.turns[0].errors]
+  assert kinds.count("too_many_calls") == 10 and len(kinds) == 12

@@ -171,6 +171,17 @@ def test_escape_special_tokens_in_tool_content(tok):
   assert enc(tok, "<|im_end|>") == [cf.IM_END_ID]  # the tokenizer still parses control tokens afterwards
 
 
+def test_lone_surrogates_are_replaced_not_fatal(tok):
+  """json.loads("\\ud800") gives a str no UTF-8 tokenizer can encode; it must not end the rollout."""
+  bad = json.loads('"a\\ud800b"')
+  assert bad == "a\ud800b"
+  assert cf.tool_response_ids(tok, [bad], None) == cf.tool_response_ids(tok, ["a\ufffdb"], None)
+  assert cf.encode_prompt(tok, [SYSTEM, {"role": "user", "content": bad}], TOOLS) == cf.encode_prompt(
+      tok, [SYSTEM, {"role": "user", "content": "a\ufffdb"}], TOOLS)
+  # A valid pair written as two escapes decodes to one code point and is untouched.
+  assert cf.safe_text(json.loads('"\\ud83d\\ude00"')) == "\U0001f600" and cf.safe_text("Größe") == "Größe"
+
+
 def test_continuation_rejects_assistant_and_bad_content():
   with pytest.raises(ValueError):
     cf.render_continuation([{"role": "assistant", "content": "x"}], after_im_end=True)
@@ -370,6 +381,58 @@ def test_validate_accepts_name_to_schema_mapping_and_call_lists():
   p = cf.parse_assistant_turn(call("f", {"x": "s"}))
   schemas = {"f": {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x", "y"]}}
   assert [e.kind for e in cf.validate_tool_calls(p.tool_calls, schemas)] == [cf.MISSING_ARGUMENT, cf.WRONG_TYPE]
+
+
+# --- limits on hostile calls ----------------------------------------------------------------------------
+def test_huge_integer_argument_is_an_error_not_a_crash():
+  """Python refuses ints over 4300 digits with ValueError (not JSONDecodeError); that is a bad call, not a crash."""
+  digits = "1" * 5000
+  for body in ('{"name": "search", "arguments": {"model": %s}}' % digits,
+               '{"name": "search", "arguments": "{\\"model\\": %s}"}' % digits):
+    p = cf.parse_assistant_turn(f"<tool_call>{body}</tool_call>" + call("noop", {}))
+    assert [e.kind for e in p.errors] in ([cf.MALFORMED_JSON], [cf.BAD_ARGUMENTS])
+    assert "digits" in p.errors[0].message and [c.name for c in p.tool_calls] == ["noop"]
+
+
+def test_argument_size_limit():
+  big = call("search", {"model": "x" * 1000})
+  p = cf.parse_assistant_turn(big + call("noop", {}), max_argument_chars=500)
+  (e,) = p.errors
+  assert e.kind == cf.BAD_ARGUMENTS and e.index == 0 and e.name == "search" and "500 characters" in e.message
+  assert cf.CALL_FORMAT_HINT in e.message and [c.name for c in p.tool_calls] == ["noop"]
+  assert cf.parse_assistant_turn(big, max_argument_chars=None).errors == []
+  # The default is a real limit: a call far larger than any tool needs is refused without passing the flag.
+  assert [e.kind for e in cf.parse_assistant_turn(call("search", {"model": "x" * 100_000})).errors] == [cf.BAD_ARGUMENTS]
+
+
+def test_argument_depth_limit():
+  def nested(depth):
+    return "[" * depth + "]" * depth
+  # 200 levels decode fine (1,000 may already hit the recursion limit, then it is malformed JSON), but later
+  # recursive walks of the arguments (dataclasses.asdict, json.dumps in the rollout writer) would not survive it.
+  deep = '<tool_call>{"name": "search", "arguments": {"q": %s}}</tool_call>' % nested(200)
+  p = cf.parse_assistant_turn(deep + call("noop", {}))
+  (e,) = p.errors
+  assert e.kind == cf.BAD_ARGUMENTS and e.name == "search" and "nested" in e.message
+  assert [c.name for c in p.tool_calls] == ["noop"]
+  # As a JSON string holding the arguments too.
+  as_string = json.dumps({"name": "search", "arguments": '{"q": %s}' % nested(200)})
+  assert [e.kind for e in cf.parse_assistant_turn(f"<tool_call>{as_string}</tool_call>").errors] == [cf.BAD_ARGUMENTS]
+  ok = '<tool_call>{"name": "search", "arguments": {"q": %s}}</tool_call>' % nested(3)
+  assert cf.parse_assistant_turn(ok, max_argument_depth=4).errors == []  # the arguments object is level 1
+  assert [e.kind for e in cf.parse_assistant_turn(ok, max_argument_depth=3).errors] == [cf.BAD_ARGUMENTS]
+  assert cf.parse_assistant_turn(deep, max_argument_depth=None).errors == []
+
+
+def test_tool_call_count_limit():
+  p = cf.parse_assistant_turn("".join(call("noop", {}) for _ in range(5)))
+  errs = cf.validate_tool_calls(p, TOOLS, max_calls=2)
+  assert [(e.kind, e.index) for e in errs] == [(cf.TOO_MANY_CALLS, 2), (cf.TOO_MANY_CALLS, 3), (cf.TOO_MANY_CALLS, 4)]
+  assert "at most 2 tool calls per turn" in errs[0].message
+  assert cf.validate_tool_calls(p, TOOLS) == [] and cf.validate_tool_calls(p, TOOLS, max_calls=None) == []
+  # Failed blocks count: the limit is on what the model wrote, in order.
+  p = cf.parse_assistant_turn("<tool_call>{</tool_call>" + call("noop", {}) + call("noop", {}))
+  assert [(e.kind, e.index) for e in cf.validate_tool_calls(p, TOOLS, max_calls=2)] == [(cf.TOO_MANY_CALLS, 2)]
 
 
 # --- properties -----------------------------------------------------------------------------------------
