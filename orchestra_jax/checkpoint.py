@@ -22,6 +22,8 @@ import dataclasses
 import json
 import os
 import shutil
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +173,50 @@ def save_model(path: str | os.PathLike, config: ModelConfig, params: Any, tokeni
   return path
 
 
+def _read_json_object(path: Path) -> dict[str, Any]:
+  """A config file's JSON object; a truncated, binary or non-object file is a CheckpointError naming it."""
+  try:
+    data = json.loads(path.read_bytes().decode("utf-8"))
+  except UnicodeDecodeError:
+    raise CheckpointError(f"{path} is not UTF-8 text (a damaged checkpoint?)") from None
+  except json.JSONDecodeError as e:
+    raise CheckpointError(f"{path} is not valid JSON (truncated or damaged?): {e}") from None
+  if not isinstance(data, dict):
+    raise CheckpointError(f"{path} must hold a JSON object, got {type(data).__name__}")
+  return data
+
+
+def read_failure(e: Exception) -> str:
+  """The gist of an orbax / tensorstore read error: theirs run to hundreds of lines of tensorstore spec."""
+  first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+  return first.split(" See full TensorStore details")[0][:200]
+
+
+def quiet_abandoned_reads() -> None:
+  """After one read of a damaged checkpoint fails, orbax abandons its other reads as coroutines never awaited; when
+  they are collected (at exit, often) each prints its own copy of the failure as 'Exception ignored in ...' with a
+  traceback, after the caller's one-line report of the damage. Drop those, pass anything else on."""
+  previous = sys.unraisablehook
+  if getattr(previous, "_orchestra_quiet", False):
+    return
+
+  def hook(unraisable):
+    obj = unraisable.object
+    if isinstance(obj, types.CoroutineType) and "orbax" in obj.cr_code.co_filename:
+      return
+    previous(unraisable)
+
+  hook._orchestra_quiet = True
+  sys.unraisablehook = hook
+
+
+def _damaged(path: Path, e: Exception) -> CheckpointError:
+  """An orbax / tensorstore read that failed on the files themselves (truncated, missing, corrupt)."""
+  quiet_abandoned_reads()
+  return CheckpointError(f"checkpoint {path} is damaged or incomplete (a truncated or corrupt file?); reading it "
+                         f"failed: {read_failure(e)}")
+
+
 def read_model_config(path: str | os.PathLike) -> ModelConfig:
   """The ModelConfig of a model checkpoint, an HF directory or a trainer workdir / step (its reference's)."""
   p = Path(path)
@@ -180,13 +226,9 @@ def read_model_config(path: str | os.PathLike) -> ModelConfig:
   if not p.exists():
     raise CheckpointError(f"model directory {p} does not exist")
   if (p / MODEL_CONFIG_FILE).is_file():
-    return ModelConfig.from_dict(json.loads((p / MODEL_CONFIG_FILE).read_text()))
+    return ModelConfig.from_dict(_read_json_object(p / MODEL_CONFIG_FILE))
   if (p / "config.json").is_file():
-    try:
-      hf = json.loads((p / "config.json").read_text())
-    except json.JSONDecodeError as e:
-      raise CheckpointError(f"{p / 'config.json'} is not valid JSON: {e}") from None
-    return ModelConfig.from_hf_config(hf)
+    return ModelConfig.from_hf_config(_read_json_object(p / "config.json"))
   raise CheckpointError(f"{p} holds neither {MODEL_CONFIG_FILE} (orchestra checkpoint), config.json (HF model) nor "
                         f"{TRAIN_CHECKPOINTS_DIR}/ (orchestra train workdir)")
 
@@ -216,23 +258,31 @@ def _restore_train_params(found: TrainCheckpoint, config: ModelConfig, sharding:
   with ocp.PyTreeCheckpointer() as ckptr:
     # partial_restore leaves keys the target lacks unread, and hands back the target's ShapeDtypeStruct for keys
     # the checkpoint lacks; a shape mismatch fails mid-restore with pending reads. So compare names and shapes
-    # with the metadata first: a config that does not fit fails here, in one line.
-    stored = ckptr.metadata(state_dir).item_metadata.tree.get("params")
+    # with the metadata first: a config that does not fit fails here, in one line, and any later failure is
+    # damage to the files.
+    try:
+      stored = ckptr.metadata(state_dir).item_metadata.tree.get("params")
+    except Exception as e:  # noqa: BLE001  orbax / tensorstore raise plain Exception, ValueError, OSError
+      raise _damaged(found.path, e) from None
     if stored is None:
       raise CheckpointError(f"{where}: it holds no params")
-    want, have = _leaf_shapes(target["params"]), _leaf_shapes(stored)
-    diff = {"missing": sorted(set(want) - set(have)), "unexpected": sorted(set(have) - set(want)),
-            "of another shape": [f"{k} {have[k]} (config: {want[k]})" for k in sorted(set(want) & set(have))
-                                 if want[k] != have[k]]}
-    if any(diff.values()):
-      raise CheckpointError(f"{where}: params " + "; ".join(f"{what} {', '.join(names[:3])}"
-                                                             for what, names in diff.items() if names))
+    _check_shapes(target["params"], stored, where)
     try:
       restored = ckptr.restore(state_dir, args=ocp.args.PyTreeRestore(
           item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True))
-    except (ValueError, KeyError) as e:
-      raise CheckpointError(f"{where}: {str(e).strip().splitlines()[0]}") from None
+    except Exception as e:  # noqa: BLE001  as above
+      raise _damaged(found.path, e) from None
   return restored["params"]
+
+
+def _check_shapes(want_tree, have_tree, where: str) -> None:
+  want, have = _leaf_shapes(want_tree), _leaf_shapes(have_tree)
+  diff = {"missing": sorted(set(want) - set(have)), "unexpected": sorted(set(have) - set(want)),
+          "of another shape": [f"{k} {have[k]} (config: {want[k]})" for k in sorted(set(want) & set(have))
+                               if want[k] != have[k]]}
+  if any(diff.values()):
+    raise CheckpointError(f"{where}: params " + "; ".join(f"{what} {', '.join(names[:3])}"
+                                                           for what, names in diff.items() if names))
 
 
 def restore_params(path: str | os.PathLike, config: ModelConfig, sharding: ShardingConfig | None = None):
@@ -245,11 +295,18 @@ def restore_params(path: str | os.PathLike, config: ModelConfig, sharding: Shard
   if not params_dir.is_dir():
     raise CheckpointError(f"no params checkpoint at {params_dir}")
   target = _params_target(config, sharding)
+  where = f"checkpoint {params_dir} does not match {path}/{MODEL_CONFIG_FILE}"
   with ocp.StandardCheckpointer() as ckptr:
+    # Names and shapes from the metadata first (see _restore_train_params): what fails after that is damage.
+    try:
+      stored = ckptr.metadata(params_dir).item_metadata.tree
+    except Exception as e:  # noqa: BLE001  orbax / tensorstore raise plain Exception, ValueError, OSError
+      raise _damaged(params_dir, e) from None
+    _check_shapes(target, stored, where)
     try:
       return ckptr.restore(params_dir, target)
-    except (ValueError, KeyError) as e:
-      raise CheckpointError(f"checkpoint {params_dir} does not match {path}/{MODEL_CONFIG_FILE}: {e}") from None
+    except Exception as e:  # noqa: BLE001  as above
+      raise _damaged(params_dir, e) from None
 
 
 def load_model(path: str | os.PathLike, sharding: ShardingConfig | None = None, **config_overrides):

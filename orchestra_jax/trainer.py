@@ -141,6 +141,10 @@ def _tool_shares(trajs: list[Trajectory], aliases: list[str]) -> dict[str, float
 
 # --- metrics sinks -------------------------------------------------------------------------------------
 
+class MetricsFileError(UserError):
+  """WORKDIR/metrics.jsonl holds a damaged record before its last line."""
+
+
 class MetricsLog:
   """JSONL (flushed and fsynced per record) + TensorBoard. `rewind(step)` drops records after a checkpoint."""
 
@@ -156,9 +160,9 @@ class MetricsLog:
   def rewind(self, step: int) -> None:
     if not self.enabled or not self.path.exists():
       return
-    keep = [l for l in self.path.read_text().splitlines() if l.strip() and json.loads(l)["step"] <= step]
+    keep = [r for r in self._records() if r["step"] <= step]  # a torn last line goes here too
     tmp = self.path.with_suffix(".tmp")
-    tmp.write_text("".join(l + "\n" for l in keep))
+    tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
     os.replace(tmp, self.path)
 
   def write(self, step: int, kind: str, values: dict[str, float]) -> None:
@@ -176,7 +180,31 @@ class MetricsLog:
   def read(self) -> list[dict[str, Any]]:
     if not self.path.exists():
       return []
-    return [json.loads(l) for l in self.path.read_text().splitlines() if l.strip()]
+    return self._records()
+
+  def _records(self) -> list[dict[str, Any]]:
+    """Every record. A torn last line (a kill or a full disk in the middle of `write`) is dropped with one warning:
+    the run resumes from its checkpoint and rewrites the file without it. A bad line before the last cannot come
+    from an interrupted append, so it is an error naming file:line."""
+    # bytes decoded leniently: a torn multi-byte character must not hide which line is bad
+    lines = self.path.read_bytes().decode("utf-8", errors="replace").splitlines()
+    numbered = [(i, l) for i, l in enumerate(lines, 1) if l.strip()]
+    out = []
+    for k, (lineno, line) in enumerate(numbered):
+      try:
+        record = json.loads(line)
+        ok = isinstance(record, dict) and isinstance(record.get("step"), int)
+      except json.JSONDecodeError:
+        ok = False
+      if ok:
+        out.append(record)
+      elif k == len(numbered) - 1:
+        print(f"warning: {self.path}:{lineno}: dropping a torn last line (the run was stopped while writing it)",
+              file=sys.stderr)
+      else:
+        raise MetricsFileError(f"{self.path}:{lineno}: not a metrics record (a JSON object with an integer step): "
+                               f"{line[:60]!r}; delete the line (or the file) to go on")
+    return out
 
   def close(self):
     if self._tb is not None:
@@ -216,11 +244,36 @@ class Trainer:
     manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                data=ocp.args.JsonSave(iterator.get_state())), force=True)
 
-  def _restore(self, manager, step: int, abstract_state, iterator):
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
-                                                             data=ocp.args.JsonRestore()))
-    iterator.set_state(restored["data"])
-    return restored["state"]
+  def _restore(self, manager, abstract_state, iterator) -> tuple[Any, int]:
+    """(state, step) of the newest step that restores. A step whose files are damaged (a truncated file: a full
+    disk, a filesystem that lost a write) is moved aside to `<step>.damaged-<time>`, kept for a person to look at,
+    with one line saying so, and the next older step is tried: the run redoes those steps as it would after a kill.
+    """
+    root = self.workdir / "checkpoints"
+    steps = sorted(manager.all_steps(), reverse=True)
+    for i, step in enumerate(steps):
+      try:
+        restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
+                                                                 data=ocp.args.JsonRestore()))
+      except Exception as e:  # noqa: BLE001  orbax / tensorstore raise plain Exception, ValueError, OSError
+        model_ckpt.quiet_abandoned_reads()
+        why = model_ckpt.read_failure(e)
+        if i == len(steps) - 1:
+          raise model_ckpt.CheckpointError(f"no checkpoint in {root} can be restored; the oldest, step {step}, "
+                                           f"fails with: {why}") from None
+        aside = root / f"{step}.damaged-{int(time.time())}"
+        if self.is_main:
+          print(f"checkpoint step {step} in {root} cannot be restored ({why}); moved to {aside.name}, falling back "
+                f"to step {steps[i + 1]}", file=sys.stderr)
+          os.replace(root / str(step), aside)  # renamed, never deleted: orbax no longer counts it as a step
+        if jax.process_count() > 1:
+          multihost_utils.sync_global_devices(f"checkpoint {step} moved aside")
+        continue
+      if i:
+        manager.reload()  # forget the steps moved aside, so training can save those step numbers again
+      iterator.set_state(restored["data"])
+      return restored["state"], step
+    raise AssertionError("unreachable: called with a latest step")
 
   # --- data ----------------------------------------------------------------------------------------
   def _iterator(self, tasks: list[dict]) -> Iterator[list[dict]]:
@@ -404,11 +457,10 @@ class Trainer:
                                                            self.train_config))
         shardings = train_state_shardings(self.model_config, self.train_config, self.sharding)
         abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
-        state = self._restore(manager, latest, abstract, iterator)
-        self.metrics.rewind(latest)
-        start = latest
+        state, start = self._restore(manager, abstract, iterator)
+        self.metrics.rewind(start)
         if self.is_main:
-          print(f"resuming from checkpoint step {latest} in {self.workdir / 'checkpoints'}", file=sys.stderr)
+          print(f"resuming from checkpoint step {start} in {self.workdir / 'checkpoints'}", file=sys.stderr)
       # The frozen reference only runs forward passes, which cast weights to model.dtype anyway: keep it in that
       # dtype (half the memory with f32 master weights; bit-identical log-probs).
       ref_params = jax.jit(functools.partial(compute_params, self.model_config))(

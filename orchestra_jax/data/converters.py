@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import gzip
 import json
 import logging
 import os
@@ -26,11 +27,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestra_jax.data.format import DataFormatError, Sample, scenario_text
+from orchestra_jax.data.format import DataFormatError, Sample, decode_lines, scenario_text
 from orchestra_jax.tau2.domain import Domain
 from orchestra_jax.tau2.synth_domain import load_domain_dir
 from orchestra_jax.errors import UserError
-from orchestra_jax.resources import DataNotFoundError, data_dir, find_data_file, open_text, read_text
+from orchestra_jax.resources import DataNotFoundError, data_dir, find_data_file
 
 __all__ = ["MissingDependencyError", "read_rows", "convert_frames", "convert_hle", "convert_tau2",
            "convert_toolscale", "default_frames_path"]
@@ -81,9 +82,14 @@ def _located_rows(path: str | os.PathLike) -> list[tuple[str, Any]]:
     except Exception as e:  # pyarrow raises its own error types for corrupt files
       raise DataFormatError(f"{path}: cannot read parquet: {e}") from None
     return [(f"{path}: row {i}", _jsonable(r)) for i, r in enumerate(rows)]
+  # Read as bytes and decoded here, so a binary file is a DataFormatError naming it (and its line), not a
+  # UnicodeDecodeError traceback.
+  opener = gzip.open if path.suffix.lower() == ".gz" else open
   if suffix == ".json":
+    with opener(path, "rb") as f:
+      text = "".join(line for _, line in decode_lines(f, path))
     try:
-      data = json.loads(read_text(path))
+      data = json.loads(text)
     except json.JSONDecodeError as e:
       raise DataFormatError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
     if isinstance(data, Mapping) and isinstance(data.get("data"), list):
@@ -92,8 +98,8 @@ def _located_rows(path: str | os.PathLike) -> list[tuple[str, Any]]:
       raise DataFormatError(f"{path}: a .json input must hold a list of records")
     return [(f"{path}: row {i}", r) for i, r in enumerate(data)]
   out = []
-  with open_text(path) as f:
-    for lineno, line in enumerate(f, 1):
+  with opener(path, "rb") as f:
+    for lineno, line in decode_lines(f, path):
       if not line.strip():
         continue
       try:

@@ -23,10 +23,11 @@ Fields of a record (`Sample`):
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -209,12 +210,30 @@ class Sample:
 
 
 # --- files --------------------------------------------------------------------------------------------------
+def decode_lines(f: Iterable[bytes], path: str | os.PathLike) -> Iterator[tuple[int, str]]:
+  """(line number, text) of each line of a file opened in binary mode (plain or `gzip.open`ed). Lines are decoded
+  one at a time, so a binary file (a picture, a model, a wrong path) fails as DataFormatError naming file:line,
+  not as a UnicodeDecodeError from deep in a text reader's buffer."""
+  try:
+    for lineno, raw in enumerate(f, 1):
+      try:
+        text = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise DataFormatError(f"{path}:{lineno}: not UTF-8 text (byte {e.start + 1} of the line is "
+                              f"{raw[e.start:e.start + 1]!r}); is this a binary file?") from None
+      yield lineno, text
+  except gzip.BadGzipFile:
+    raise DataFormatError(f"{path}: not a gzip file, though its name ends in .gz") from None
+  except EOFError:
+    raise DataFormatError(f"{path}: the gzip stream ends early (a truncated file?)") from None
+
+
 def read_jsonl(path: str | os.PathLike) -> list[Sample]:
   """Every record of a JSONL file (blank lines skipped); DataFormatError names the line of the first bad one,
   including a repeated id."""
   path = Path(path)
   try:
-    f = open(path, encoding="utf-8")
+    f = open(path, "rb")  # decoded line by line: see decode_lines
   except FileNotFoundError:
     raise DataFormatError(f"training data file not found: {path}") from None
   except OSError as e:
@@ -222,7 +241,7 @@ def read_jsonl(path: str | os.PathLike) -> list[Sample]:
   out: list[Sample] = []
   seen: dict[str, int] = {}
   with f:
-    for lineno, line in enumerate(f, 1):
+    for lineno, line in decode_lines(f, path):
       if not line.strip():
         continue
       sample = Sample.from_line(line, f"{path}:{lineno}")
