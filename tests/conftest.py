@@ -41,12 +41,12 @@ def highest_precision():
 
 @pytest.fixture(scope="session")
 def synth_bank_dir(tmp_path_factory):
-  """A domain directory written by a real `orchestra synth` run against the scripted LLM of tests/test_synth.py."""
+  """A domain directory written by a real `orchestra synth` run against the scripted LLM (scripted_synth_llm.py)."""
   from orchestra_jax import cli
   from orchestra_jax.tools.scripted_server import ScriptedServer
-  from test_synth import MODEL, _script
+  from scripted_synth_llm import MODEL, script
   out = tmp_path_factory.mktemp("synth") / "bank"
-  with ScriptedServer(_script()) as srv:
+  with ScriptedServer(script()) as srv:
     assert cli.main(["synth", "--endpoint", srv.base_url + "/v1", "--model", MODEL, "--domain", "bank", "--out",
                      str(out), "--num-tasks", "7", "--seed", "3", "--rows-per-table", "4", "--max-retries", "1"]) == 0
   return out

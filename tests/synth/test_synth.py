@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+import scripted_synth_llm
 from conftest import FIXTURES
 from orchestra_jax.data import convert_toolscale, read_jsonl, sample_domain
 from orchestra_jax.tau2.evaluation import evaluate
@@ -16,23 +17,8 @@ from orchestra_jax.tools.llm_client import ChatClient
 from orchestra_jax.tools.scripted_server import ScriptedServer
 
 FIXTURES = FIXTURES / "synth"
-GENERATIONS = json.loads((FIXTURES / "bank_generations.json").read_text())
-MODEL = GENERATIONS["model"]
-
-
-def _render(reply) -> str:
-  if "text" in reply:
-    return reply["text"]
-  body = json.dumps(reply["json"], indent=1)
-  return {"plain": body,
-          "fenced": f"```json\n{body}\n```",
-          "fenced_prose": f"Here is the design you asked for.\n```json\n{body}\n```\nLet me know if it needs changes.",
-          "think": f"<think>Make it harder: {{\"draft\": true}} maybe.</think>\n{body}\nThis version adds a total."}[reply["style"]]
-
-
-def _script():
-  rules = [{"contains": r["contains"], "answer": _render(r)} for r in GENERATIONS["replies"]]
-  return {MODEL: {"rules": rules, "default": {"answer": "no canned reply for this request"}}}
+GENERATIONS, MODEL = scripted_synth_llm.GENERATIONS, scripted_synth_llm.MODEL
+_script = scripted_synth_llm.script
 
 
 def _parser():
